@@ -1,0 +1,115 @@
+"""Deployments: one TOML per deployment in `deployments/`, parsed into a frozen dataclass.
+
+Relative paths in a deployment resolve against the project root (the folder that holds
+`deployments/`), so a fresh clone runs its shipped deployments as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .runtime.errors import SpecPilotError
+from .runtime.knobs import Knobs
+
+ROOT = Path(os.environ.get("SPECPILOT_ROOT", Path(__file__).resolve().parents[1]))
+
+
+def data_dir() -> Path:
+    """Machine-local, regenerable state: `$SPECPILOT_DATA` or ~/.cache/specpilot."""
+    d = Path(os.environ.get("SPECPILOT_DATA", Path.home() / ".cache" / "specpilot"))
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    kind: str  # "draft" | "block" | "ngram" | "oracle"
+    path: str = ""  # checkpoint directory (resolved), empty for ngram
+    params: dict = field(default_factory=dict)
+
+    @property
+    def spec(self) -> str:
+        """The runtime's drafter string: ngram | draft:DIR | block:DIR."""
+        return self.kind if not self.path else f"{self.kind}:{self.path}"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    device: str  # "cpu" | "cuda"
+    target: str  # checkpoint directory (resolved), or "random:<preset>" for perf-only
+    drafter: DrafterSpec
+    alternatives: tuple[DrafterSpec, ...] = ()
+    gpu: str = ""
+    dtype: str = "float32"
+    batch_sizes: tuple[int, ...] = (1,)
+    dev_workload: str = ""
+    gate_workload: str = ""
+    max_new_tokens: int = 128
+    knobs: Knobs = field(default_factory=Knobs)
+    perf_only: bool = False
+    description: str = ""
+    source: str = ""
+
+    @property
+    def drafters(self) -> tuple[DrafterSpec, ...]:
+        return (self.drafter, *self.alternatives)
+
+    def stock_knobs(self) -> Knobs:
+        """What a user gets without SpecPilot: the deployment's drafter and stock knobs."""
+        return self.knobs.with_(drafter=self.drafter.spec)
+
+
+def _resolve(p: str) -> str:
+    if not p or p.startswith("random:"):
+        return p
+    q = Path(p)
+    return str(q if q.is_absolute() else (ROOT / q))
+
+
+def _drafter(d: dict, where: str) -> DrafterSpec:
+    if not isinstance(d, dict) or "kind" not in d:
+        raise SpecPilotError(f"{where}: a drafter needs a 'kind' (draft, block or ngram)")
+    return DrafterSpec(kind=d["kind"], path=_resolve(d.get("path", "")),
+                       params=dict(d.get("params", {})))
+
+
+def load_deployment(name_or_path: str) -> Deployment:
+    """By name from `deployments/NAME.toml`, or from a TOML file path."""
+    p = Path(name_or_path)
+    if p.suffix != ".toml":
+        p = ROOT / "deployments" / f"{name_or_path}.toml"
+    if not p.is_file():
+        raise SpecPilotError(
+            f"no deployment {name_or_path!r}: see `specpilot deployments list` for the defined ones"
+        )
+    try:
+        d = tomllib.loads(p.read_text())
+        target = d["target"]
+        wl = d.get("workloads", {})
+        return Deployment(
+            name=d.get("name", p.stem),
+            device=d.get("device", "cpu"),
+            gpu=d.get("gpu", ""),
+            target=_resolve(target["path"]) if "path" in target else f"random:{target['random']}",
+            drafter=_drafter(d["drafter"], str(p)),
+            alternatives=tuple(_drafter(a, str(p)) for a in d.get("alternatives", [])),
+            dtype=d.get("dtype", "float32"),
+            batch_sizes=tuple(int(b) for b in d.get("batch_sizes", [1])),
+            dev_workload=wl.get("dev", ""),
+            gate_workload=wl.get("gate", ""),
+            max_new_tokens=int(d.get("max_new_tokens", 128)),
+            knobs=Knobs.from_dict(d.get("knobs", {})),
+            perf_only=bool(d.get("perf_only", False)),
+            description=d.get("description", ""),
+            source=str(p),
+        )
+    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        raise SpecPilotError(f"{p}: bad deployment file ({type(e).__name__}: {e})") from None
+
+
+def list_deployments() -> list[Deployment]:
+    return [load_deployment(str(p)) for p in sorted((ROOT / "deployments").glob("*.toml"))]

@@ -1,0 +1,1 @@
+"""Drafters: `ngram` (prompt/self lookup), `draft:DIR` (small model), `block:DIR` (DFlash-style)."""

@@ -1,0 +1,62 @@
+"""Build an Engine from a checkpoint directory and knobs (the one place drafters are chosen)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .drafter import Drafter
+from .errors import CheckpointError
+from .generate import Engine
+from .knobs import Knobs
+from .loader import load_model
+from .model import Transformer
+from .tokenizer import Tokenizer
+
+
+def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) -> Drafter:
+    """`ngram`, `draft:DIR` or `block:DIR`; the drafter's vocabulary must be the target's."""
+    if spec == "ngram":
+        from .drafters.ngram import NgramDrafter
+
+        return NgramDrafter(knobs.ngram_max, knobs.ngram_min)
+    kind, _, path = spec.partition(":")
+    if not path:
+        raise CheckpointError(f"drafter {spec!r} needs a directory: {kind}:DIR")
+    if kind == "draft":
+        from .drafters.draft_model import DraftModelDrafter
+
+        model = load_model(path, device, dtype)
+        if model.cfg.vocab_size != target.cfg.vocab_size:
+            raise CheckpointError(
+                f"drafter {path} has vocabulary size {model.cfg.vocab_size}, the target "
+                f"{target.cfg.vocab_size}: a draft model must share the target's vocabulary"
+            )
+        return DraftModelDrafter(model)
+    if kind == "block":
+        from .drafters.block import load_block_drafter
+
+        return load_block_drafter(path, target, device, dtype)
+    raise CheckpointError(f"unknown drafter kind {kind!r}: use ngram, draft:DIR or block:DIR")
+
+
+def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str = "cpu",
+                 dtype: str = "float32", batch_size: int = 1) -> tuple[Engine, Tokenizer]:
+    knobs = knobs or Knobs()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError("--device cuda was asked for but no CUDA device is available")
+    if knobs.threads and device == "cpu":
+        torch.set_num_threads(knobs.threads)
+    target = load_model(model_dir, device, dtype)
+    tokenizer = Tokenizer(model_dir)
+    if tokenizer.vocab_size > target.cfg.vocab_size:
+        raise CheckpointError(
+            f"{model_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
+            f"{target.cfg.vocab_size}"
+        )
+    drafter = None
+    if knobs.drafter is not None:
+        drafter = load_drafter(knobs.drafter, target, knobs, device, target.dtype)
+    engine = Engine(target, drafter, k=knobs.k_for(batch_size))
+    return engine, tokenizer

@@ -1,0 +1,70 @@
+"""Knobs: every runtime setting the search may turn, as one frozen dataclass.
+
+A knob set is plain data (engine.toml stores it); `Knobs.from_dict` rejects unknown names
+and bad values with a one-line error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+
+from .errors import SpecPilotError
+
+
+@dataclass(frozen=True)
+class Knobs:
+    drafter: str | None = None  # None (AR) | "ngram" | "draft:DIR" | "block:DIR"
+    k: int = 4  # drafted tokens per verify step
+    k_per_batch: dict[int, int] = field(default_factory=dict)  # batch size -> k override
+    ngram_max: int = 3
+    ngram_min: int = 1
+    threads: int = 0  # torch CPU threads; 0 = leave torch's default
+    weights: str = "bf16"  # "bf16" | "w12" (GPU; ignored for fp32 CPU models)
+
+    def k_for(self, batch_size: int) -> int:
+        if self.drafter is None:
+            return 0
+        return self.k_per_batch.get(batch_size, self.k)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["k_per_batch"] = {str(b): v for b, v in self.k_per_batch.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Knobs":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise SpecPilotError(f"unknown knob(s) {unknown}: known knobs are {sorted(names)}")
+        d = dict(d)
+        if "drafter" in d and d["drafter"] in ("", "none", "ar"):
+            d["drafter"] = None
+        if "k_per_batch" in d:
+            d["k_per_batch"] = {int(b): int(v) for b, v in d["k_per_batch"].items()}
+        knobs = cls(**d)
+        knobs.validate()
+        return knobs
+
+    def with_(self, **changes) -> "Knobs":
+        return Knobs.from_dict({**self.to_dict(), **changes})
+
+    def validate(self) -> None:
+        ks = [self.k, *self.k_per_batch.values()]
+        if any(not isinstance(k, int) or not 1 <= k <= 32 for k in ks):
+            raise SpecPilotError(f"k must be an integer in 1..32, got {ks}")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 8:
+            raise SpecPilotError("ngram knobs need 1 <= ngram_min <= ngram_max <= 8")
+        if self.threads < 0:
+            raise SpecPilotError("threads must be >= 0")
+        if self.weights not in ("bf16", "w12"):
+            raise SpecPilotError(f"weights must be bf16 or w12, got {self.weights!r}")
+        if self.drafter is not None and not (
+            self.drafter == "ngram" or self.drafter.split(":", 1)[0] in ("draft", "block")
+        ):
+            raise SpecPilotError(
+                f"bad drafter {self.drafter!r}: use ngram, draft:DIR or block:DIR"
+            )
+
+
+__all__ = ["Knobs", "replace"]

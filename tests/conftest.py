@@ -1,0 +1,42 @@
+"""Shared fixtures: small random HF checkpoints made on the spot (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import pytest  # noqa: E402
+
+from tests.checkpoints import make_checkpoint  # noqa: E402
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def qwen3_dir(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=0)
+
+
+@pytest.fixture(scope="session")
+def qwen3_draft_dir(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("qwen3_draft"), "qwen3", seed=1,
+                           hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama", seed=2)
