@@ -1,0 +1,94 @@
+"""`specpilot costmodel` on the command line: tables, --json, --plot, deployments, errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from specpilot.cli import app
+from specpilot.costmodel.hardware import get_hardware
+from specpilot.costmodel.roofline import ar_step
+from specpilot.costmodel.spec import load_spec
+
+MOE = {"model_type": "qwen3_moe", "vocab_size": 2000, "hidden_size": 128, "num_hidden_layers": 4,
+           "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256,
+           "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 64,
+           "torch_dtype": "bfloat16"}
+
+
+@pytest.fixture
+def cfg(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_DATA", str(tmp_path / "data"))
+    p = tmp_path / "moe" / "config.json"
+    p.parent.mkdir()
+    p.write_text(json.dumps(MOE))
+    return p
+
+
+def _run(*args: str):
+    r = CliRunner().invoke(app, ["costmodel", *args])
+    assert r.exit_code == 0, (r.output, r.exception)
+    return r.output
+
+
+def test_json_has_ar_and_verify(cfg):
+    a = json.loads(_run("--model", str(cfg), "--gpu", "h100", "--batch", "4", "--context",
+                        "256", "--k", "3", "--json"))
+    for step in ("ar", "verify"):
+        for key in ("bytes", "flops", "bound_ms", "ops"):
+            assert key in a[step]
+        assert {"name", "bytes", "flops", "bound_ms"} <= set(a[step]["ops"][0])
+    hw = get_hardware("h100", "datasheet")
+    want = ar_step(load_spec(cfg), hw, 4, 256)
+    assert a["ar"]["bytes"] == pytest.approx(want.bytes)
+    assert a["ar"]["bound_ms"] == pytest.approx(want.bound_ms)
+    assert a["verify"]["flops"] / a["ar"]["flops"] == pytest.approx(4, rel=0.05)
+    # 4 x 4 tokens touch more experts than 4 tokens: the MoE verify reads more weights
+    assert a["verify"]["bytes"] > 1.3 * a["ar"]["bytes"]
+    assert [r["k"] for r in a["speedup"]][:3] == [1, 2, 3]
+    assert set(a["best_k"]) == {"1", "4", "8", "32"}
+
+
+def test_tables_and_plot(cfg, tmp_path):
+    png = tmp_path / "roof.png"
+    out = _run("--model", str(cfg), "--gpu", "h200", "--k", "2", "--plot", str(png))
+    assert "AR step" in out and "verify step (k=2)" in out and "experts_gate_up" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_deployment_with_draft_model(cfg, tmp_path, qwen3_dir, qwen3_draft_dir):
+    dep = tmp_path / "d.toml"
+    dep.write_text(f'name = "t"\ndevice = "cuda"\ngpu = "h200"\ndtype = "bfloat16"\n'
+                   f'batch_sizes = [1, 8]\ntarget = {{ path = "{qwen3_dir}" }}\n'
+                   f'drafter = {{ kind = "draft", path = "{qwen3_draft_dir}" }}\n')
+    a = json.loads(_run("--deployment", str(dep), "--k", "4", "--json"))
+    assert a["batch"] == 1 and a["drafter"] == "draft"
+    assert a["model"]["weights"] == "bf16"
+    assert a["draft"]["passes"] == 4 and a["draft"]["bytes"] > 0
+    assert set(a["best_k"]) == {"1", "8"}
+
+
+def test_calibrate_command(cfg):
+    out = _run("calibrate", "--device", "cpu", "--quick", "--json")
+    c = json.loads(out)
+    assert c["device"] == "cpu" and c["copy_bw"] > 0
+    a = json.loads(_run("--model", str(cfg), "--gpu", "cpu", "--json"))
+    assert a["hardware"]["calibrated"] == c["measured_at"]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--model", "8b", "--gpu", "tpu"], "unknown gpu"),
+    (["--model", "/nonexistent/dir", "--gpu", "h200"], "no model config"),
+    ([], "give --deployment"),
+])
+def test_errors_are_one_line(args, msg, tmp_path):
+    r = subprocess.run([sys.executable, "-c", "from specpilot.cli import main; main()",
+                        "costmodel", *args], check=False, capture_output=True, text=True,
+                       env={"SPECPILOT_DATA": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2, r.stderr
+    assert msg in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
