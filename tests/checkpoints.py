@@ -29,10 +29,10 @@ def make_checkpoint(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.
 
     tok = make_tokenizer()
     vocab = tok.get_vocab_size()
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  head_dim=24, max_position_embeddings=512, rms_norm_eps=1e-6,
-                  eos_token_id=0, bos_token_id=0, tie_word_embeddings=False)
+    common = {"vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "head_dim": 24, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+              "eos_token_id": 0, "bos_token_id": 0, "tie_word_embeddings": False}
     if arch == "qwen3":
         common.update(rope_theta=10000.0)
         common.update(overrides)
@@ -60,3 +60,32 @@ def make_checkpoint(path: Path, arch: str = "qwen3", seed: int = 0, dtype=torch.
                           max_shard_size="100KB" if sharded else "10GB")
     tok.save(str(path / "tokenizer.json"))
     return path
+
+
+def perturb_checkpoint(src: Path, dst: Path, scale: float = 0.3, seed: int = 0) -> Path:
+    """A copy of `src` with noise (relative `scale`) on its matrices: a drafter that agrees
+    with `src` often but not always (ragged acceptance)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    g = torch.Generator().manual_seed(seed)
+    for f in sorted(dst.glob("*.safetensors")):
+        state = load_file(str(f))
+        for name, t in state.items():
+            if t.dim() == 2:
+                state[name] = t + torch.randn(t.shape, generator=g).to(t.dtype) * t.std() * scale
+        save_file(state, str(f), metadata={"format": "pt"})
+    return dst
+
+
+def make_block_drafter(path: Path, target_dir: Path, block_size: int = 6, seed: int = 0,
+                       std: float = 0.1, **kw) -> Path:
+    """A random block drafter for the checkpoint at `target_dir`, saved at `path`."""
+    from specpilot.runtime.config import ModelConfig
+    from specpilot.runtime.drafters.block import init_block_drafter, save_block_drafter
+
+    model = init_block_drafter(ModelConfig.from_file(target_dir), block_size=block_size,
+                               seed=seed, std=std, **kw)
+    return save_block_drafter(model, path)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .errors import CheckpointError
@@ -39,7 +39,7 @@ class ModelConfig:
         return self.arch == "qwen3"
 
     @classmethod
-    def from_hf(cls, d: dict) -> "ModelConfig":
+    def from_hf(cls, d: dict) -> ModelConfig:
         archs = d.get("architectures") or []
         model_type = d.get("model_type", "")
         arch = next((SUPPORTED[a] for a in archs if a in SUPPORTED), None)
@@ -53,8 +53,7 @@ class ModelConfig:
         try:
             heads = int(d["num_attention_heads"])
             hidden = int(d["hidden_size"])
-            eos = d.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            eos_ids = _eos_ids(d.get("eos_token_id"))
             scaling = d.get("rope_scaling") or None
             theta = d.get("rope_theta")
             params = d.get("rope_parameters") or {}
@@ -67,7 +66,12 @@ class ModelConfig:
                 None,
             ):
                 scaling = None
-            return cls(
+            if scaling is not None and scaling.get("rope_type", scaling.get("type")) != "llama3":
+                kind = scaling.get("rope_type", scaling.get("type"))
+                raise CheckpointError(
+                    f"unsupported rope scaling {kind!r}: SpecPilot's runtime supports llama3"
+                )
+            cfg = cls(
                 arch=arch,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
@@ -87,11 +91,22 @@ class ModelConfig:
                 bos_token_id=d.get("bos_token_id"),
                 torch_dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"config.json is missing or has a bad field: {e}") from None
+            if scaling is not None:
+                for key in ("factor", "low_freq_factor", "high_freq_factor",
+                            "original_max_position_embeddings"):
+                    float(scaling[key])
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError) as e:
+            raise CheckpointError(f"config.json is missing or has a bad field: {e!r}") from None
+        if min(cfg.vocab_size, cfg.hidden_size, cfg.num_layers, cfg.num_heads,
+               cfg.num_kv_heads, cfg.head_dim) < 1 or cfg.num_heads % cfg.num_kv_heads:
+            raise CheckpointError(
+                "config.json has impossible shapes (sizes must be positive and "
+                "num_attention_heads a multiple of num_key_value_heads)"
+            )
+        return cfg
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "ModelConfig":
+    def from_file(cls, path: str | Path) -> ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -101,4 +116,29 @@ class ModelConfig:
             d = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path} is not valid JSON ({e})") from None
-        return cls.from_hf(d)
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{path} must hold a JSON object")
+        cfg = cls.from_hf(d)
+        # generate() stops on generation_config.json's EOS ids too (Qwen3 lists two there)
+        extra = _eos_ids(_read_json(path.parent / "generation_config.json").get("eos_token_id"))
+        if extra:
+            merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
+            cfg = replace(cfg, eos_token_ids=merged)
+        return cfg
+
+
+def _eos_ids(eos) -> tuple[int, ...]:
+    if eos is None:
+        return ()
+    if isinstance(eos, list):
+        return tuple(int(e) for e in eos)
+    return (int(eos),)
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from an optional file; {} when absent or unreadable."""
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return d if isinstance(d, dict) else {}

@@ -19,6 +19,8 @@ class Drafter(ABC):
     #: target decoder layers whose outputs the drafter reads (block drafters); () for none
     hidden_layers: tuple[int, ...] = ()
     name: str = "drafter"
+    #: the most drafts one propose can return (block drafters: block_size - 1); None = any
+    max_k: int | None = None
 
     def setup(self, batch_size: int, max_seq_len: int) -> None:
         """Allocate per-batch state before a generate call (static caches)."""

@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from torch import Tensor
 
 from .drafter import Drafter
 from .errors import RequestError
@@ -55,6 +54,19 @@ class Engine:
             self.eos_ids = self.target.cfg.eos_token_ids
         if self.drafter is None:
             self.k = 0
+        self._check_k()
+
+    def _check_k(self) -> None:
+        if self.drafter is None:
+            return
+        if self.k < 1:
+            raise RequestError(f"k={self.k}: a drafter needs k >= 1 (no drafter means AR)")
+        mk = self.drafter.max_k
+        if mk is not None and self.k > mk:
+            raise RequestError(
+                f"k={self.k} but the {self.drafter.name} drafter proposes at most {mk} tokens "
+                f"per step: use k <= {mk}"
+            )
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 128,
@@ -165,6 +177,7 @@ class Engine:
 
     def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         cfg = self.target.cfg
+        self._check_k()
         if max_new_tokens < 1:
             raise RequestError("max_new_tokens must be at least 1")
         for i, p in enumerate(prompts):

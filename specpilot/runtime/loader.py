@@ -48,7 +48,7 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     for f in weight_files(path):
         try:
             with safe_open(str(f), framework="pt") as st:
-                for name in st.keys():
+                for name in st.keys():  # noqa: SIM118 (a safe_open handle, not a dict)
                     tensors[name] = st.get_tensor(name)
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise CheckpointError(f"{f} is not a readable safetensors file ({e})") from None

@@ -198,6 +198,8 @@ class Transformer(nn.Module):
             if self.batch_size == 0:
                 raise RuntimeError("call setup_cache() before a cached forward")
             S = kv_len if kv_len is not None else self.max_seq_len
+            if not 0 < S <= self.max_seq_len:
+                raise ValueError(f"kv_len={S} outside the cache of {self.max_seq_len} slots")
             slots = torch.arange(S, device=positions.device)
             mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B,1,T,S]
         else:

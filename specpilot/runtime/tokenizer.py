@@ -18,7 +18,7 @@ class Tokenizer:
             raise CheckpointError(f"no tokenizer.json in {path}")
         try:
             self.tok = HFTokenizer.from_file(str(f))
-        except Exception as e:  # tokenizers raises a bare Exception on corrupt files
+        except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise CheckpointError(f"{f} is not a valid tokenizer ({e})") from None
         cfg_file = path / "tokenizer_config.json"
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
