@@ -14,6 +14,13 @@ import pytest  # noqa: E402
 from tests.checkpoints import make_checkpoint  # noqa: E402
 
 
+def pytest_configure(config):
+    import torch
+
+    # Tiny models on a loaded 2-core box: one thread is steadier and often faster.
+    torch.set_num_threads(1)
+
+
 def pytest_collection_modifyitems(config, items):
     import torch
 
