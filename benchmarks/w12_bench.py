@@ -1,0 +1,295 @@
+"""W12 kernel benchmark on one GPU: cuBLAS bf16 vs our Triton bf16 vs W12, batch 1-32.
+
+Run on the GPU machine from the repo root:
+
+    PYTHONPATH=. python3 benchmarks/w12_bench.py [--quick] [--no-step]
+
+Checks first (bit-exact unpack on the device for all 65536 bf16 patterns and per shape;
+every tuned config against the fp32 reference on fresh inputs with NaN-poisoned outputs),
+then tunes and times each kernel in CUDA graphs over weight copies rotated past the L2,
+and prints the table last. Writes w12_bench.json and the tuned-config table
+(<device>.json) under $OUT (default: the current directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.kernels import w12 as fmt
+from specpilot.kernels.gemv_bf16 import bf16_matmul
+from specpilot.kernels.tuning import (READ_BOUND_TBPS, Problem, TunedTable,
+                                      best, bucket, candidate_configs, default_config,
+                                      device_slug, tune)
+from specpilot.kernels.w12_triton import KernelConfig, w12_matmul, w12_unpack
+
+SHAPES = {  # (N, K) of y = x @ W.T, from shared/measurements/h200_baseline.py
+    "qkv_32B": (10240, 5120), "o_32B": (5120, 8192), "gate_up_32B": (51200, 5120),
+    "down_32B": (5120, 25600), "gate_up_8B": (24576, 4096), "down_8B": (4096, 12288),
+}
+BATCHES = (1, 2, 4, 8, 16, 32)
+ROTATE_BYTES = 1.5e9  # weight bytes cycled through per graph replay (L2 is 60 MB)
+
+
+def llm_like(n: int, k: int, seed: int) -> torch.Tensor:
+    """Gaussian std 0.02 with heavy-tailed outliers (1e-4 of weights up to ~50x)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.02
+    mask = torch.rand(n, k, device="cuda", generator=g) < 1e-4
+    w = torch.where(mask, w * torch.empty_like(w).exponential_(0.1, generator=g), w)
+    return w.to(torch.bfloat16)
+
+
+def graph_timer(fn, rotations: int, reps: int = 25) -> list[float]:
+    """Microseconds per call: `rotations` calls captured in one CUDA graph, replayed."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(rotations):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(rotations):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3 / rotations)
+    del g
+    return out
+
+
+def make_problems(n: int, k: int, batch: int, w_bf16: list[torch.Tensor],
+                  w_12: list[fmt.W12Weight]) -> dict[str, Problem]:
+    ref_w = w_bf16[0].float()
+    act = batch * k * 2 + batch * n * 2
+    it = {"i": 0}
+
+    def rot(seq):
+        it["i"] = (it["i"] + 1) % len(seq)
+        return seq[it["i"]]
+
+    def make_x(seed: int) -> torch.Tensor:
+        g = torch.Generator(device="cuda").manual_seed(1000 + seed)
+        return torch.randn(batch, k, device="cuda", generator=g).to(torch.bfloat16)
+
+    def ref(x):
+        return x.float() @ ref_w.T
+
+    return {
+        "cublas": Problem("cublas", n, k, batch, n * k * 2 + act, len(w_bf16), make_x,
+                          lambda c, x, o: torch.mm(x, rot(w_bf16).T, out=o), ref,
+                          first=lambda c, x, o: torch.mm(x, w_bf16[0].T, out=o)),
+        "bf16": Problem("bf16", n, k, batch, n * k * 2 + act, len(w_bf16), make_x,
+                        lambda c, x, o: bf16_matmul(x, rot(w_bf16), c, out=o), ref,
+                        first=lambda c, x, o: bf16_matmul(x, w_bf16[0], c, out=o)),
+        "w12": Problem("w12", n, k, batch, w_12[0].nbytes + act, len(w_12), make_x,
+                       lambda c, x, o: w12_matmul(x, rot(w_12), c, out=o), ref,
+                       first=lambda c, x, o: w12_matmul(x, w_12[0], c, out=o)),
+    }
+
+
+def check_all_patterns() -> bool:
+    bits = torch.arange(-32768, 32768, dtype=torch.int32, device="cuda").to(torch.int16)
+    w = bits.view(256, 256).view(torch.bfloat16)
+    p = fmt.pack(w)
+    return (torch.equal(fmt.unpack(p).view(torch.int16), w.view(torch.int16))
+            and torch.equal(w12_unpack(p).view(torch.int16), w.view(torch.int16)))
+
+
+def bench_shape(name, n, k, batches, quick, log, deadline) -> tuple[list[dict], list, dict]:
+    w = llm_like(n, k, seed=sum(map(ord, name)))
+    packed = fmt.pack(w)
+    exact = torch.equal(w12_unpack(packed).view(torch.int16), w.view(torch.int16))
+    nrot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
+    w_bf16 = [w] + [w.clone() for _ in range(nrot - 1)]
+    w_12 = [packed] + [fmt.W12Weight(n, k, **{f: t.clone() for f, t in packed.tensors().items()})
+                       for _ in range(nrot - 1)]
+    info = {"shape": name, "n": n, "k": k, "bits_per_weight": packed.bits_per_weight,
+            "escape_rate": packed.escape_rate, "unpack_exact": exact, "rotations": nrot}
+    log(json.dumps(info))
+    rows, records = [], []
+    for b in batches:
+        probs = make_problems(n, k, b, w_bf16, w_12)
+        cfgs = candidate_configs(bucket(b))
+        if quick or time.time() > deadline:
+            cfgs = cfgs[:2]
+        res = {"cublas": tune((n, k), b, [KernelConfig()], graph_timer, problem=probs["cublas"])}
+        for kern in ("bf16", "w12"):
+            res[kern] = tune((n, k), b, cfgs, graph_timer, problem=probs[kern])
+        for recs in res.values():
+            records.extend(recs)
+            for r in recs:
+                log(json.dumps(r.to_dict()))
+        bc, bt, bw = (best(res[x]) for x in ("cublas", "bf16", "w12"))
+        wrong = [r.config for r in res["w12"] + res["bf16"] if not r.correct]
+        row = {"shape": name, "batch": b, "cublas_us": bc.median_us if bc else None,
+               "tbf16_us": bt.median_us if bt else None, "w12_us": bw.median_us if bw else None,
+               "w12_tbps": bw.tbps if bw else None, "w12_cfg": KernelConfig.from_dict(
+                   bw.config).label if bw else None,
+               "bf16_tbps": max((r.tbps for r in (bc, bt) if r), default=None),
+               "n_failed_configs": len(wrong)}
+        if bw and bc:
+            best_bf16 = min(r.median_us for r in (bc, bt) if r)
+            row["vs_best_bf16"] = best_bf16 / bw.median_us
+            row["vs_cublas"] = bc.median_us / bw.median_us
+        rows.append(row)
+        log(json.dumps(row))
+    del w_bf16, w_12
+    torch.cuda.empty_cache()
+    return rows, records, info
+
+
+def decode_step(table: TunedTable, log) -> dict:
+    """Weights-only decode step of an 8B-class model (36 layers + lm_head), batch 1, CUDA
+    graph: cuBLAS bf16 vs best-of(cuBLAS, Triton bf16) vs W12; resident weight bytes."""
+    hidden, inter, heads, kv, hd, vocab, layers = 4096, 12288, 32, 8, 128, 151936, 36
+    shapes = [((heads + 2 * kv) * hd, hidden), (hidden, heads * hd), (2 * inter, hidden),
+              (hidden, inter)]
+    base = [llm_like(n, k, seed=i) for i, (n, k) in enumerate(shapes)]
+    packed = [fmt.pack(w) for w in base]
+    lm = llm_like(vocab, hidden, seed=9)
+    lm12 = fmt.pack(lm)
+    Wb = [[w.clone() for w in base] for _ in range(layers)]
+    W12 = [[fmt.W12Weight(p.n, p.k, **{f: t.clone() for f, t in p.tensors().items()})
+            for p in packed] for _ in range(layers)]
+    bytes_bf16 = layers * sum(w.numel() * 2 for w in base) + lm.numel() * 2
+    bytes_w12 = layers * sum(p.nbytes for p in packed) + lm12.nbytes
+    x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+
+    def cfg_for(kern, n, k):
+        return table.lookup(kern, n, k, 1) or default_config(n, k, 1)
+
+    def use_triton_bf16(n, k):
+        tb, tc = table.median_us("bf16", n, k, 1), table.median_us("cublas", n, k, 1)
+        return tb is not None and tc is not None and tb < tc
+
+    def lin_bf16(h, w, best_of):
+        n, k = w.shape
+        if best_of and use_triton_bf16(n, k):
+            return bf16_matmul(h, w, cfg_for("bf16", n, k))
+        return F.linear(h, w)
+
+    def lin_w12(h, p):
+        return w12_matmul(h, p, cfg_for("w12", p.n, p.k))
+
+    def step(kind):
+        h = x
+        for i in range(layers):
+            if kind == "w12":
+                wq, wo, wgu, wd = W12[i]
+                lin = lin_w12
+            else:
+                wq, wo, wgu, wd = Wb[i]
+                lin = (lambda a, b: lin_bf16(a, b, kind == "best_bf16"))
+            q = lin(F.rms_norm(h, (hidden,)), wq)  # norms keep random activations finite
+            h = h + lin(q[:, : heads * hd].contiguous(), wo)
+            gu = lin(F.rms_norm(h, (hidden,)), wgu)
+            h = h + lin((F.silu(gu[:, :inter]) * gu[:, inter:]).contiguous(), wd)
+        h = F.rms_norm(h, (hidden,))
+        return lin_w12(h, lm12) if kind == "w12" else lin_bf16(h, lm, kind == "best_bf16")
+
+    out = {"bytes_bf16": bytes_bf16, "bytes_w12": bytes_w12,
+           "memory_ratio": bytes_w12 / bytes_bf16}
+    logits = {}
+    for kind in ("cublas", "best_bf16", "w12"):
+        logits[kind] = step(kind).float()
+        ms = sorted(graph_timer(lambda: step(kind), 1, reps=30))[15] / 1e3
+        out[kind] = {"ms": ms, "tok_s": 1e3 / ms}
+        log(json.dumps({kind: out[kind]}))
+    ref = logits["cublas"]
+    out["w12_logits_rel_err"] = float((logits["w12"] - ref).norm() / ref.norm())
+    out["w12_argmax_equal"] = bool(torch.equal(logits["w12"].argmax(-1), ref.argmax(-1)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="3 configs per kernel, 2 shapes")
+    ap.add_argument("--no-step", action="store_true", help="skip the 8B decode step")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--budget-s", type=float, default=400.0,
+                    help="past 75%% of this, tune only 2 configs; past it, skip the step")
+    args = ap.parse_args()
+    out_dir = os.environ.get("OUT", ".")
+    logf = open(os.path.join(out_dir, "w12_bench.log"), "w")
+
+    def log(s: str) -> None:
+        logf.write(s + "\n")
+        logf.flush()
+
+    t0 = time.time()
+    dev = torch.cuda.get_device_name()
+    import triton
+
+    res = {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
+           "date": time.strftime("%Y-%m-%d"), "all_patterns_exact": check_all_patterns()}
+    print(json.dumps(res), flush=True)
+    names = args.shapes.split(",")[: 2 if args.quick else None]
+    rows, infos, table = [], [], TunedTable(device=dev)
+    for name in names:
+        n, k = SHAPES[name]
+        r, recs, info = bench_shape(name, n, k, BATCHES, args.quick, log,
+                                    t0 + 0.75 * args.budget_s)
+        rows += r
+        infos.append(info)
+        for rec in recs:
+            table.add(rec)
+        print(f"{name} done at {time.time() - t0:.0f}s", flush=True)
+    res.update(rows=rows, shapes=infos)
+    table.save(os.path.join(out_dir, f"{device_slug(dev)}.json"))
+    if not args.no_step and time.time() - t0 < args.budget_s:
+        try:
+            res["decode_step_8B_b1"] = decode_step(table, log)
+        except Exception as e:  # report, keep the kernel table
+            res["decode_step_8B_b1"] = {"error": f"{type(e).__name__}: {e}"[:300]}
+    res["seconds"] = time.time() - t0
+    with open(os.path.join(out_dir, "w12_bench.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    print_table(res)
+
+
+def print_table(res: dict) -> None:
+    print(f"\n{res['device']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
+          f"all 65536 patterns exact: {res['all_patterns_exact']}")
+    for s in res["shapes"]:
+        print(f"  {s['shape']}: {s['bits_per_weight']:.3f} bits/w, escapes "
+              f"{s['escape_rate']:.1e}, unpack exact {s['unpack_exact']}, {s['rotations']} copies")
+    hdr = (f"{'shape':12} {'B':>3} {'cuBLAS':>8} {'tri-bf16':>8} {'W12':>8} {'W12TB/s':>7} "
+           f"{'%4.57':>5} {'vsBest':>6} {'vsCuBL':>6} {'bad':>3}  config")
+    print(hdr)
+    for r in res["rows"]:
+        f = (lambda v, p=1: f"{v:8.{p}f}" if v is not None else "       -")
+        print(f"{r['shape']:12} {r['batch']:>3} {f(r['cublas_us'])} {f(r['tbf16_us'])} "
+              f"{f(r['w12_us'])} {f(r['w12_tbps'], 2)[1:]} "
+              f"{100 * (r['w12_tbps'] or 0) / READ_BOUND_TBPS:5.0f} "
+              f"{r.get('vs_best_bf16', 0):6.3f} {r.get('vs_cublas', 0):6.3f} "
+              f"{r['n_failed_configs']:>3}  {r['w12_cfg']}")
+    b1 = [r["vs_cublas"] for r in res["rows"] if r["batch"] == 1 and "vs_cublas" in r]
+    if b1:
+        print(f"geomean W12 vs cuBLAS at batch 1: {math.exp(sum(map(math.log, b1)) / len(b1)):.3f}")
+    for b in BATCHES:
+        v = [r["vs_best_bf16"] for r in res["rows"] if r["batch"] == b and "vs_best_bf16" in r]
+        if v:
+            print(f"batch {b:2}: W12 vs best bf16 min {min(v):.3f} max {max(v):.3f}")
+    st = res.get("decode_step_8B_b1")
+    if st:
+        print("8B weights-only decode step, batch 1:", json.dumps(st))
+    print(f"total {res['seconds']:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

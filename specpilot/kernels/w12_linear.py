@@ -1,0 +1,175 @@
+"""`W12Linear`, a drop-in for a bf16 `nn.Linear` with W12 weights, and `apply_w12` that
+swaps the eligible linears of a model in place.
+
+On CUDA with bf16 activations a call runs the fused Triton kernel for up to 32 rows
+(config from the device's tuned table, else a default) and unpack + cuBLAS above that;
+elsewhere it runs the torch reference. Results match `F.linear` up to accumulation order:
+the weights are bit-identical.
+
+`apply_w12` skips a layer whose predicted gain is below `min_gain`: measured times from
+the tuned table when it has both kernels for the shape, else a byte model in which every
+escape costs `ESCAPE_PENALTY_BITS` (escapes are patched one by one in the epilogue).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from . import w12 as fmt
+from .tuning import TunedTable, bucket, default_config
+
+ESCAPE_PENALTY_BITS = 4096.0
+
+
+class W12Linear(nn.Module):
+    """y = x @ w.T (+ bias) with w stored in W12 form (buffers, so `.to()` moves them)."""
+
+    def __init__(self, weight: fmt.W12Weight, bias: Tensor | None = None,
+                 table: TunedTable | None = None):
+        super().__init__()
+        self.in_features, self.out_features = weight.k, weight.n
+        for name, t in weight.tensors().items():
+            self.register_buffer(name, t)
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+        # empty stand-in so code asking `module.weight.dtype/.device` keeps working
+        self.register_buffer("weight", torch.empty(0, dtype=torch.bfloat16, device=weight.device),
+                             persistent=False)
+        self.table = table
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, table: TunedTable | None = None) -> "W12Linear":
+        w = linear.weight.detach()
+        if w.dtype != torch.bfloat16:
+            raise ValueError(f"W12 stores bf16 weights; this layer is {w.dtype}")
+        return cls(fmt.pack(w), linear.bias, table)
+
+    @property
+    def w12(self) -> fmt.W12Weight:
+        return fmt.W12Weight(self.out_features, self.in_features,
+                             **{n: getattr(self, n) for n in fmt.TENSOR_FIELDS})
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        m = x2.shape[0]
+        w = self.w12
+        if x.is_cuda and x.dtype == torch.bfloat16 and m > 0:
+            if bucket(m) is not None:
+                from .w12_triton import w12_matmul
+
+                cfg = (self.table.lookup("w12", w.n, w.k, m) if self.table else None) \
+                    or default_config(w.n, w.k, m)
+                y = w12_matmul(x2, w, cfg)
+            else:
+                from .w12_triton import w12_unpack
+
+                y = F.linear(x2, w12_unpack(w))
+        else:
+            y = fmt.linear(x2, w)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        w = self.w12
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bits_per_weight={w.bits_per_weight:.3f}, escapes={w.n_escapes}")
+
+
+@dataclass
+class LayerDecision:
+    name: str
+    n: int
+    k: int
+    bits_per_weight: float
+    escape_rate: float
+    predicted_gain: float
+    applied: bool
+
+
+@dataclass
+class W12Report:
+    """What `apply_w12` did, per layer, and the weight bytes before/after."""
+
+    layers: list[LayerDecision] = field(default_factory=list)
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+    @property
+    def applied(self) -> int:
+        return sum(d.applied for d in self.layers)
+
+
+def _measured_ratio(table: TunedTable, n: int, k: int, m: int) -> float | None:
+    t_w12 = table.median_us("w12", n, k, m)
+    t_bf16 = [t for t in (table.median_us("bf16", n, k, m), table.median_us("cublas", n, k, m))
+              if t]
+    return min(t_bf16) / t_w12 if t_w12 and t_bf16 else None
+
+
+def predicted_gain(w: fmt.W12Weight, table: TunedTable | None = None, m: int = 1) -> float:
+    """bf16 time / W12 time for this layer at batch m: measured when the table has this
+    shape; else the median measured ratio of the table's other shapes at that batch
+    bucket; else the byte model (escape penalty included)."""
+    if table is not None:
+        exact = _measured_ratio(table, w.n, w.k, m)
+        if exact is not None:
+            return exact
+        b = bucket(m)
+        ratios = sorted(r for key in table.entries if key.startswith("w12:")
+                        and key.endswith(f":b{b}")
+                        for r in [_measured_ratio(table, *map(int, key.split(":")[1].split("x")),
+                                                  m)] if r is not None)
+        if ratios:
+            return ratios[len(ratios) // 2]
+    return 16.0 / (w.bits_per_weight + w.escape_rate * ESCAPE_PENALTY_BITS)
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    seen: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        seen[id(p)] = seen.get(id(p), 0) + 1
+    return {i for i, c in seen.items() if c > 1}
+
+
+def _device_table(model: nn.Module) -> TunedTable | None:
+    """The tuned table of the GPU the model sits on (None on CPU)."""
+    p = next(model.parameters(), None)
+    if p is None or not p.is_cuda:
+        return None
+    from .tuning import load_table
+
+    return load_table(torch.cuda.get_device_name(p.device))
+
+
+def apply_w12(model: nn.Module, min_gain: float = 1.05, table: TunedTable | None = None,
+              skip: tuple[str, ...] = ()) -> W12Report:
+    """Replace every eligible bf16 `nn.Linear` of `model` by a `W12Linear`, in place.
+
+    Skipped: non-bf16 layers, weights shared with another module (tied embeddings), names
+    containing one of `skip`, and layers whose predicted gain is below `min_gain` (on a GPU
+    the device's tuned table, `tuning.load_table`, supplies measured gains)."""
+    report = W12Report()
+    if table is None:
+        table = _device_table(model)
+    shared = _shared_weights(model)
+    targets = [(name, mod) for name, mod in model.named_modules()
+               if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16
+               and id(mod.weight) not in shared and not any(s in name for s in skip)]
+    for name, lin in targets:
+        packed = fmt.pack(lin.weight.detach())
+        gain = predicted_gain(packed, table)
+        ok = gain >= min_gain
+        report.layers.append(LayerDecision(name, packed.n, packed.k, packed.bits_per_weight,
+                                           packed.escape_rate, gain, ok))
+        report.bytes_before += lin.weight.numel() * 2
+        report.bytes_after += packed.nbytes if ok else lin.weight.numel() * 2
+        if ok:
+            parent_name, _, attr = name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            setattr(parent, attr, W12Linear(packed, lin.bias, table))
+    return report

@@ -1,0 +1,140 @@
+"""The Triton kernels (W12 fused linear, W12 unpack, bf16 linear) and `tune` on a real
+kernel, run under TRITON_INTERPRET=1 on small shapes.
+
+The interpreter must be chosen before the kernels are defined, so the checks run once in a
+child process (`_child`) that prints JSON; the tests assert on its results. Activations
+and outputs are fp32 there (the interpreter mishandles bf16); weights are W12/bf16 bits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
+    (24, 200, 1, dict(bm=1, bn=8, bk=128)),
+    (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2)),
+    (16, 256, 2, dict(bm=2, bn=4, bk=256, split_k=1)),
+    (40, 384, 5, dict(bm=16, bn=16, bk=128, dot=True)),
+    (40, 640, 7, dict(bm=16, bn=32, bk=256, split_k=2, dot=True)),
+    (8, 1000, 1, dict(bm=1, bn=8, bk=256, split_k=4)),
+    (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2, variant=0)),
+    (40, 130, 9, dict(bm=16, bn=32, bk=128, split_k=2, dot=True)),
+]
+
+
+def _child() -> None:
+    import torch
+
+    from specpilot.kernels import w12
+    from specpilot.kernels.gemv_bf16 import bf16_matmul
+    from specpilot.kernels.splitk import _WORKSPACES
+    from specpilot.kernels.tuning import Problem, tune
+    from specpilot.kernels.w12_triton import KernelConfig, w12_matmul, w12_unpack
+
+    out: dict = {"w12": [], "bf16": []}
+    g = torch.Generator().manual_seed(0)
+    for n, k, m, kw in CASES:
+        cfg = KernelConfig(**kw)
+        w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+        w[0, 3], w[n - 1, k - 1], w[n // 2, 0] = 7.5, 1e-30, -3e-33  # escapes
+        p = w12.pack(w)
+        for seed in range(2):  # fresh inputs, poisoned outputs
+            x = torch.randn(m, k, generator=g)
+            ref = x.double() @ w.double().T
+            y = torch.full((m, n), float("nan"))
+            w12_matmul(x, p, cfg, out=y, f32_dot=True)
+            err = float((y.double() - ref).norm() / ref.norm())
+            out["w12"].append({"case": [n, k, m, cfg.label], "escapes": p.n_escapes,
+                               "finite": bool(torch.isfinite(y).all()), "err": err})
+            wf = w.float()
+            y2 = torch.full((m, n), float("nan"))
+            bf16_matmul(x, wf, cfg, out=y2, f32_dot=True)
+            err2 = float((y2.double() - ref).norm() / ref.norm())
+            out["bf16"].append({"case": [n, k, m, cfg.label],
+                                "finite": bool(torch.isfinite(y2).all()), "err": err2})
+    _, cnt = _WORKSPACES[torch.device("cpu")]
+    out["counters_reset"] = int(cnt.abs().sum()) == 0
+
+    allbits = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(256, 256)
+    pa = w12.pack(allbits.view(torch.bfloat16))
+    out["unpack_all_patterns"] = bool(torch.equal(w12_unpack(pa).view(torch.int16), allbits))
+    odd = (torch.randn(19, 300, generator=g) * 0.05).to(torch.bfloat16)
+    out["unpack_odd_shape"] = bool(torch.equal(w12_unpack(w12.pack(odd)).view(torch.int16),
+                                               odd.view(torch.int16)))
+
+    # tune() on the real interpreted kernel, with a fake timer keyed on the config
+    n, k, m = 16, 256, 1
+    w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
+    p = w12.pack(w)
+    fake_us = {8: [30.0, 31.0, 29.0], 4: [20.0, 22.0, 21.0], 16: [25.0, 25.0, 26.0]}
+    current = {}
+
+    def call(cfg, x, o):
+        current["bn"] = cfg.bn
+        w12_matmul(x, p, cfg, out=o, f32_dot=True)
+
+    def timer(fn, rotations):
+        fn()
+        return fake_us[current["bn"]]
+
+    prob = Problem("w12", n, k, m, p.nbytes + k * 4 + n * 4, 1,
+                   lambda s: torch.randn(m, k, generator=torch.Generator().manual_seed(s)),
+                   call, lambda x: x.double().float() @ w.float().T)
+    cfgs = [KernelConfig(bm=1, bn=b, bk=128) for b in (8, 4, 16)]
+    cfgs.append(KernelConfig(bm=1, bn=8, bk=96))  # not a power of two: fails to build
+    recs = tune((n, k), m, cfgs, timer, problem=prob)
+    out["tune"] = [r.to_dict() for r in recs]
+    print("RESULT " + json.dumps(out))
+
+
+@pytest.fixture(scope="module")
+def results() -> dict:
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
+    code = "import tests.test_w12_interpret as t; t._child()"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, proc.stderr[-3000:]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_w12_kernel_matches_reference(results):
+    assert len(results["w12"]) == 2 * len(CASES)
+    for r in results["w12"]:
+        assert r["escapes"] >= 3
+        assert r["finite"], r
+        assert r["err"] < 1e-5, r
+
+
+def test_bf16_kernel_matches_reference(results):
+    for r in results["bf16"]:
+        assert r["finite"], r
+        assert r["err"] < 1e-5, r
+
+
+def test_split_k_counters_return_to_zero(results):
+    assert results["counters_reset"]
+
+
+def test_triton_unpack_is_bit_exact(results):
+    assert results["unpack_all_patterns"]
+    assert results["unpack_odd_shape"]
+
+
+def test_tune_ranks_with_timer_and_flags_failures(results):
+    recs = results["tune"]
+    assert [r["config"]["bn"] for r in recs[:3]] == [4, 16, 8]  # fake medians 21, 25, 30
+    assert [r["median_us"] for r in recs[:3]] == [21.0, 25.0, 30.0]
+    assert all(r["correct"] and r["rel_error"] < 1e-5 for r in recs[:3])
+    assert recs[0]["spread_us"] == pytest.approx(2.0)  # p80 - p20 of 20, 21, 22 (3 samples)
+    bad = recs[3]
+    assert bad["config"]["bk"] == 96 and not bad["correct"] and bad["note"]
+    assert recs[0]["tbps"] == pytest.approx(recs[0]["nbytes"] / 21e-6 / 1e12)

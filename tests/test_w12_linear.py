@@ -1,0 +1,149 @@
+"""W12Linear / apply_w12 on a real (random) checkpoint, the tuned-config table, and the
+`specpilot w12 stats` command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+from typer.testing import CliRunner
+
+from specpilot.kernels import w12 as fmt
+from specpilot.kernels.tuning import (TunedTable, TuningRecord, best, bucket,
+                                      candidate_configs, default_config, load_table,
+                                      table_path)
+from specpilot.kernels.w12_linear import W12Linear, apply_w12, predicted_gain
+from specpilot.kernels.w12_triton import KernelConfig
+from specpilot.runtime.loader import load_model
+
+
+def test_w12linear_matches_linear_with_bias():
+    torch.manual_seed(0)
+    lin = nn.Linear(96, 40, bias=True).to(torch.bfloat16)
+    m = W12Linear.from_linear(lin)
+    x = torch.randn(2, 3, 96).to(torch.bfloat16)
+    ref = (x.float() @ lin.weight.float().T + lin.bias.float())
+    y = m(x)
+    assert y.shape == (2, 3, 40) and y.dtype == torch.bfloat16
+    assert torch.allclose(y.float(), ref, rtol=2e-2, atol=2e-2)
+    assert torch.equal(fmt.unpack(m.w12).view(torch.int16), lin.weight.view(torch.int16))
+    assert m.weight.dtype == torch.bfloat16 and m.weight.numel() == 0
+
+
+def test_w12linear_rejects_fp32():
+    with pytest.raises(ValueError):
+        W12Linear.from_linear(nn.Linear(8, 8))
+
+
+def test_apply_w12_on_checkpoint_keeps_logits(qwen3_dir):
+    model = load_model(qwen3_dir, dtype="bfloat16")
+    ids = torch.tensor([[5, 17, 42, 7, 99, 3]])
+    pos = torch.arange(ids.shape[1])[None]
+    ref, _ = model(ids, pos, use_cache=False)
+    rep = apply_w12(model, min_gain=0.0)  # tiny K pads to 128: W12 is not smaller here
+    n_linear = 2 * 7 + 1  # q k v o gate up down per layer, and lm_head
+    assert rep.applied == n_linear == len(rep.layers)
+    mods = [m for m in model.modules() if isinstance(m, W12Linear)]
+    assert len(mods) == n_linear
+    assert rep.bytes_after == sum(m.w12.nbytes for m in mods)
+    assert model.dtype == torch.bfloat16  # the lm_head stand-in keeps this working
+    out, _ = model(ids, pos, use_cache=False)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, ref, atol=0.05 * ref.abs().max().item())
+
+
+def test_apply_w12_skips_tied_and_slow_layers(llama_dir):
+    model = load_model(llama_dir, dtype="bfloat16")  # tied lm_head / embeddings
+    mlp = model.model.layers[0].mlp
+    with torch.no_grad():  # a wide exponent spread: many escapes -> predicted slower
+        vals = torch.logspace(-30, 30, mlp.down_proj.weight.numel(), base=2.0)
+        perm = torch.randperm(vals.numel(), generator=torch.Generator().manual_seed(0))
+        mlp.down_proj.weight.copy_(vals[perm].view_as(mlp.down_proj.weight))
+    rep = apply_w12(model, min_gain=0.5)  # K=64 layers pad to 128 (predicted ~0.65x)
+    by_name = {d.name: d for d in rep.layers}
+    assert "lm_head" not in by_name  # tied: replacing it would duplicate the embedding
+    assert not isinstance(model.lm_head, W12Linear)
+    down = by_name["model.layers.0.mlp.down_proj"]
+    assert not down.applied and down.escape_rate > 0.1 and down.predicted_gain < 0.5
+    assert isinstance(model.model.layers[0].mlp.down_proj, nn.Linear)
+    assert isinstance(model.model.layers[0].mlp.up_proj, W12Linear)
+
+
+def test_apply_w12_ignores_fp32_models(qwen3_dir):
+    model = load_model(qwen3_dir, dtype="float32")
+    assert apply_w12(model).layers == []
+
+
+def _rec(kernel, n, k, batch, us, correct=True, bn=8):
+    return TuningRecord(kernel, n, k, batch, KernelConfig(bn=bn).to_dict(), us, 0.1, 1000,
+                        1.0, 20.0, correct, 0.0 if correct else 1.0)
+
+
+def test_table_keeps_fastest_correct_and_round_trips(tmp_path):
+    t = TunedTable(device="NVIDIA H200")
+    for r in [_rec("w12", 64, 128, 1, 9.0, bn=4), _rec("w12", 64, 128, 1, 5.0, False, bn=16),
+              _rec("w12", 64, 128, 1, 7.0, bn=8), _rec("w12", 64, 128, 3, 11.0, bn=32)]:
+        t.add(r)
+    assert t.lookup("w12", 64, 128, 1).bn == 8
+    assert t.lookup("w12", 64, 128, 4).bn == 32  # batch 3 and 4 share bucket 4
+    assert t.lookup("w12", 64, 128, 64) is None and t.lookup("bf16", 64, 128, 1) is None
+    path = table_path("NVIDIA H200", tmp_path)
+    assert path.name == "nvidia-h200.json"
+    t.save(path)
+    loaded = load_table("NVIDIA H200", tmp_path)
+    assert loaded.lookup("w12", 64, 128, 1) == KernelConfig(bn=8)
+    assert json.loads(path.read_text())["device"] == "NVIDIA H200"
+    assert load_table("Some Other GPU", tmp_path).entries == {}
+
+
+def test_best_and_buckets():
+    recs = [_rec("w12", 1, 1, 1, 3.0, False), _rec("w12", 1, 1, 1, 4.0)]
+    assert best(recs).median_us == 4.0
+    assert best([_rec("w12", 1, 1, 1, 3.0, False)]) is None
+    assert [bucket(m) for m in (1, 2, 3, 5, 9, 17, 32, 33)] == [1, 2, 4, 8, 16, 32, 32, None]
+    for b in (1, 2, 4, 8, 16, 32):
+        cfgs = candidate_configs(b)
+        assert len(set(cfgs)) == len(cfgs) >= 6
+        assert all(c.bm >= b and c.bk % 128 == 0 for c in cfgs)
+        assert default_config(4096, 4096, b).bm >= b
+
+
+def test_predicted_gain_prefers_measurements():
+    p = fmt.pack((torch.randn(64, 128) * 0.02).to(torch.bfloat16))
+    assert 1.2 < predicted_gain(p) < 16 / 12
+    t = TunedTable(device="x")
+    t.add(_rec("w12", 64, 128, 1, 10.0))
+    t.add(_rec("bf16", 64, 128, 1, 8.0))
+    assert predicted_gain(p, t) == pytest.approx(0.8)
+    other = fmt.pack((torch.randn(32, 256) * 0.02).to(torch.bfloat16))
+    assert predicted_gain(other, t) == pytest.approx(0.8)  # nearest evidence: same bucket
+    assert predicted_gain(other, t, m=16) == predicted_gain(other)  # none: byte model
+
+
+def test_shipped_h200_table_loads():
+    from specpilot.kernels.tuning import SHIPPED, TunedTable
+
+    t = TunedTable.load(SHIPPED / "nvidia-h200.json")
+    cfg = t.lookup("w12", 24576, 4096, 1)
+    assert cfg is not None and not cfg.dot
+    assert t.median_us("cublas", 24576, 4096, 1) > 0
+
+
+def test_stats_command(qwen3_dir):
+    from specpilot.cli import app
+
+    res = CliRunner().invoke(app, ["w12", "stats", "--model", str(qwen3_dir)],
+                             env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "model.layers.0.mlp.down_proj.weight" in res.output
+    assert "total" in res.output
+
+
+def test_stats_command_bad_dir(tmp_path):
+    from specpilot.kernels.stats import checkpoint_stats
+    from specpilot.runtime.errors import SpecPilotError
+
+    with pytest.raises(SpecPilotError):
+        checkpoint_stats(tmp_path / "missing")
