@@ -1,0 +1,1 @@
+"""The search: proposers (heuristic, LLM, replay, kernel), checks, evaluation, merge, loop."""

@@ -1,0 +1,89 @@
+"""The offline proposer: a seeded neighbourhood search over the knobs the runtime exposes.
+
+Each round it proposes single-knob moves away from the current best engine: the other
+drafters the deployment allows, the cost model's predicted best k and k +- 1/2 (per batch
+size when the deployment has several), n-gram sizes for the n-gram drafter and the thread
+count on CPU. Moves already tried (same resulting knobs) are skipped; the order puts the
+cost model's suggestions and the largest gaps first, then a seeded shuffle. Same inputs
+and seed, same proposals.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+
+from .candidate import Candidate, ProposalContext
+
+
+def _key(knobs: dict) -> str:
+    return json.dumps(knobs, sort_keys=True, default=str)
+
+
+def moves(ctx: ProposalContext) -> list[tuple[int, dict, str]]:
+    """(priority, knob changes, rationale) for every single-knob move from the best."""
+    best = ctx.best_knobs
+    out: list[tuple[int, dict, str]] = []
+    gap_names = " ".join(str(g.get("name", "")) for g in ctx.gaps[:3]).lower()
+    for spec in [*ctx.drafters, "ngram"]:
+        if spec != best.get("drafter"):
+            out.append((1, {"drafter": spec}, f"try drafter {spec.rsplit('/', 1)[-1]}"))
+    if best.get("drafter"):
+        k = int(best.get("k", 4))
+        per = {int(b): int(v) for b, v in (best.get("k_per_batch") or {}).items()}
+        for b in ctx.batch_sizes:
+            cur = per.get(b, k)
+            pred = ctx.best_k.get(b)
+            cands = [(0, pred, "the cost model's predicted best k")] if pred else []
+            cands += [(2, cur + d, f"k {cur}->{cur + d}") for d in (1, -1, 2, -2)]
+            for prio, newk, why in cands:
+                if newk is None or not 1 <= newk <= 16 or newk == cur:
+                    continue
+                if len(ctx.batch_sizes) == 1:
+                    out.append((prio, {"k": newk}, why))
+                else:
+                    out.append((prio, {"k_per_batch": {**per, b: newk}}, f"batch {b}: {why}"))
+        if best.get("drafter") == "ngram":
+            lo, hi = int(best.get("ngram_min", 1)), int(best.get("ngram_max", 3))
+            for nmin, nmax in ((lo, hi + 1), (lo, hi - 1), (lo + 1, hi), (lo - 1, hi)):
+                if 1 <= nmin <= nmax <= 6 and (nmin, nmax) != (lo, hi):
+                    out.append((2, {"ngram_min": nmin, "ngram_max": nmax},
+                                f"n-gram sizes {nmin}..{nmax}"))
+    if ctx.device == "cpu":
+        cur = int(best.get("threads", 0))
+        for t in sorted({1, 2, os.cpu_count() or 1}):
+            if t != cur:
+                prio = 1 if "overhead" in gap_names or "cpu" in gap_names else 3
+                out.append((prio, {"threads": t}, f"{t} torch threads"))
+    return out
+
+
+class HeuristicAgent:
+    name = "heuristic"
+
+    def __init__(self, seed: int = 0):
+        self.seed = seed
+
+    def propose(self, ctx: ProposalContext) -> tuple[list[Candidate], list[dict]]:
+        """Up to ctx.n candidates, and notes for the trace (none here)."""
+        rng = random.Random(f"{self.seed}:{ctx.round}")
+        tried = {_key(h["knobs_full"]) for h in ctx.history if h.get("knobs_full")}
+        tried.add(_key(ctx.best_knobs))
+        ranked = moves(ctx)
+        rng.shuffle(ranked)
+        ranked.sort(key=lambda m: m[0])  # stable: the shuffle breaks ties only
+        out: list[Candidate] = []
+        for _, change, why in ranked:
+            full = {**ctx.best_knobs, **change}
+            if "k_per_batch" in change:
+                full["k_per_batch"] = {str(b): v for b, v in change["k_per_batch"].items()}
+            key = _key(full)
+            if key in tried:
+                continue
+            tried.add(key)
+            out.append(Candidate(id="", agent=self.name, knobs=change, rationale=why,
+                                 parents=(ctx.best_id,), round=ctx.round))
+            if len(out) >= ctx.n:
+                break
+        return out, []

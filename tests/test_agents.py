@@ -1,0 +1,150 @@
+"""Proposers and their guards: edits, static checks, heuristic, merge, replay, kernel."""
+
+from __future__ import annotations
+
+import pytest
+
+from specpilot.agents.candidate import (
+    Candidate,
+    Edit,
+    PatchError,
+    ProposalContext,
+    materialize,
+    stock_file,
+)
+from specpilot.agents.checks import check_edit_paths, check_overlay
+from specpilot.agents.heuristic import HeuristicAgent
+from specpilot.agents.kernel import KernelAgent
+from specpilot.agents.merge import Lineage, MergeConflict, merge3, merge_knobs, merge_overlays
+from specpilot.agents.replay import ReplayAgent
+from specpilot.runtime.knobs import Knobs
+from specpilot.trace import Trace
+
+GEN = "specpilot/runtime/generate.py"
+NGRAM = "specpilot/runtime/drafters/ngram.py"
+
+
+def line_with(path: str, *needles: str) -> str:
+    return next(x for x in stock_file(path).splitlines(keepends=True)
+                if all(n in x for n in needles))
+
+
+def ctx(**kw) -> ProposalContext:
+    base = {"deployment": "t", "device": "cpu", "batch_sizes": [1], "drafters": ["draft:/m/d"],
+                "round": 0, "best_id": "stock", "best_knobs": Knobs(drafter="draft:/m/d").to_dict(),
+                "best_overlay": {}, "best_k": {1: 6}, "n": 4, "seed": 0}
+    return ProposalContext(**{**base, **kw})
+
+
+def test_edits_apply_or_fail_loudly():
+    line = line_with(NGRAM, 'name = "ngram"')
+    c = Candidate("c1", "t", {"k": 6}, (Edit(NGRAM, line, line.replace("ngram", "ng2")),))
+    knobs, overlay = materialize(c, Knobs(drafter="ngram"), {})
+    assert knobs.k == 6 and 'name = "ng2"' in overlay[NGRAM]
+    with pytest.raises(PatchError, match="not found"):
+        materialize(Candidate("c", "t", edits=(Edit(NGRAM, "nope\n", "x"),)), Knobs(), {})
+    with pytest.raises(PatchError, match="matches"):
+        materialize(Candidate("c", "t", edits=(Edit(NGRAM, "self", "x"),)), Knobs(), {})
+    with pytest.raises(PatchError, match="not a file"):
+        materialize(Candidate("c", "t", edits=(Edit("specpilot/../x.py", "a", "b"),)), Knobs(), {})
+    # an edit undone is no overlay at all
+    back = Candidate("c", "t", edits=(Edit(NGRAM, 'name = "ng2"', 'name = "ngram"'),))
+    assert materialize(back, Knobs(), overlay)[1] == {}
+
+
+def test_static_checks_reject_cheats():
+    assert check_edit_paths(["specpilot/forcing/verify.py", "specpilot/bench/bench.py",
+                             "specpilot/runtime/knobs.py", GEN]) and \
+        len(check_edit_paths(["specpilot/forcing/verify.py", GEN])) == 1
+    text = stock_file(GEN)
+    argmax = line_with(GEN, "pred", "logits.argmax(-1)")
+    ind = argmax[: len(argmax) - len(argmax.lstrip())]
+
+    def problems(new_line: str) -> list[str]:
+        return check_overlay({GEN: text.replace(argmax, argmax + ind + new_line + "\n", 1)})
+
+    assert problems("pred = pred.clone()") == []
+    assert "timing" in problems("t_x = time.perf_counter()")[0]
+    assert "synchronisation" in problems("torch.cuda.synchronize()")[0]
+    assert "streams" in problems("s = torch.cuda.Stream()")[0]
+    assert "process" in problems("import os")[0]
+    assert "harness" in problems("from specpilot.forcing import verify")[0]
+    assert "compile" in problems("pred = (")[-1]
+    tried = text.replace(argmax, f"{ind}try:\n{ind}    {argmax.strip()}\n{ind}except Exception:\n"
+                                 f"{ind}    pass\n", 1)
+    assert any("try/except" in p for p in check_overlay({GEN: tried}))
+    # removing the engine's own timing is as forbidden as adding some
+    t0 = line_with(GEN, "perf_counter")
+    assert "timing" in check_overlay({GEN: text.replace(t0, "", 1)})[0]
+
+
+def test_heuristic_is_deterministic_guided_and_skips_tried():
+    a, b = HeuristicAgent(seed=1), HeuristicAgent(seed=1)
+    pa, _ = a.propose(ctx())
+    assert [c.knobs for c in pa] == [c.knobs for c in b.propose(ctx())[0]]
+    assert pa[0].knobs == {"k": 6}  # the cost model's predicted best k comes first
+    assert all(c.parents == ("stock",) and c.agent == "heuristic" for c in pa)
+    tried = [{"knobs_full": {**ctx().best_knobs, **c.knobs}} for c in pa]
+    pc, _ = a.propose(ctx(history=tried))
+    assert not {str(c.knobs) for c in pc} & {str(c.knobs) for c in pa}
+    ng, _ = a.propose(ctx(best_knobs=Knobs(drafter="ngram").to_dict(), n=20))
+    assert any("ngram_max" in c.knobs for c in ng)
+    multi, _ = a.propose(ctx(batch_sizes=[1, 4], n=20))
+    assert any("k_per_batch" in c.knobs for c in multi)
+    assert any(c.knobs.get("threads") for c in multi)
+
+
+def test_three_way_merge_of_disjoint_edits_and_conflicts():
+    base = "".join(f"line {i}\n" for i in range(10))
+    a = base.replace("line 1\n", "line one\n")
+    b = base.replace("line 8\n", "line eight\n")
+    m = merge3(base, a, b)
+    assert "line one" in m and "line eight" in m and m.count("\n") == 10
+    with pytest.raises(MergeConflict):
+        merge3(base, a, base.replace("line 1\n", "line uno\n"))
+    with pytest.raises(MergeConflict):  # adjacent regions count as a conflict
+        merge3(base, a, base.replace("line 2\n", "line two\n"))
+    assert merge3(base, a, a) == a
+    k0 = Knobs().to_dict()
+    assert merge_knobs(k0, {**k0, "k": 6}, {**k0, "threads": 1}) == {**k0, "k": 6, "threads": 1}
+    with pytest.raises(MergeConflict, match="knob k"):
+        merge_knobs(k0, {**k0, "k": 6}, {**k0, "k": 2})
+
+
+def test_merge_overlays_on_a_real_file():
+    text = stock_file(GEN)
+    lines = text.splitlines(keepends=True)
+    i, j = 3, len(lines) - 3
+    a = "".join(lines[:i] + ["# a\n"] + lines[i + 1:])
+    b = "".join(lines[:j] + ["# b\n"] + lines[j + 1:])
+    m = merge_overlays({}, {GEN: a}, {GEN: b})[GEN]
+    assert "# a\n" in m and "# b\n" in m
+
+
+def test_lineage_round_trip(tmp_path):
+    lin = Lineage()
+    lin.add("stock")
+    lin.add("c1", ["stock"], tok_s=10.0)
+    lin.add("c2", ["stock"])
+    lin.add("m0", ["c1", "c2"], status="accepted")
+    lin.save(tmp_path / "l.json")
+    back = Lineage.load(tmp_path / "l.json")
+    assert back.ancestors("m0") == {"stock", "c1", "c2"}
+    assert back.g.nodes["c1"]["tok_s"] == 10.0
+
+
+def test_kernel_agent_on_cpu_has_nothing_to_tune():
+    cands, notes = KernelAgent("float32").propose(ctx())
+    assert cands == [] and "nothing to tune on cpu" in notes[0]["note"]
+
+
+def test_replay_agent_reissues_recorded_proposals(tmp_path):
+    tr = Trace(tmp_path / "old")
+    c = Candidate("c007", "llm:openai", {"k": 3}, (Edit(NGRAM, "a", "b"),), "why", ("stock",), 0)
+    tr.append("proposal", "c007", ("stock",), proposal=c.to_dict())
+    tr.append("proposal", None, (), agent="llm:openai", note="no candidate")
+    agent = ReplayAgent(str(tr.path))
+    got, _ = agent.propose(ctx(best_id="c001"))
+    assert len(got) == 1 and got[0].knobs == {"k": 3} and got[0].edits == c.edits
+    assert got[0].parents == ("c001",) and got[0].agent == "replay:llm:openai"
+    assert agent.propose(ctx(round=1))[0] == []

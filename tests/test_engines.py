@@ -1,0 +1,104 @@
+"""Engines: content hash, build dirs that run the overlay's code, promote/load, replay."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from specpilot.deployment import ROOT
+from specpilot.engines import (
+    EngineSpec,
+    build,
+    content_hash,
+    load_engine,
+    portable_knobs,
+    promote,
+    resolve_knobs,
+)
+from specpilot.runtime.errors import SpecPilotError
+from specpilot.runtime.knobs import Knobs
+
+NGRAM = "specpilot/runtime/drafters/ngram.py"
+
+
+def overlay_with(marker: str) -> dict[str, str]:
+    text = (ROOT / NGRAM).read_text()
+    return {NGRAM: text.replace('    name = "ngram"\n', f'    name = "{marker}"\n', 1)}
+
+
+def test_hash_is_stable_and_sensitive():
+    k = Knobs(drafter="ngram", k=4)
+    h = content_hash(k, {})
+    assert h == content_hash(Knobs(drafter="ngram", k=4), {}) == EngineSpec("d", "x", k).hash
+    assert len(h) == 16
+    assert content_hash(k.with_(k=5), {}) != h
+    assert content_hash(k.with_(threads=1), {}) != h
+    assert content_hash(k, overlay_with("a")) != h
+    assert content_hash(k, overlay_with("a")) != content_hash(k, overlay_with("b"))
+    # the name, parents and run id are not part of what the engine *is*
+    assert EngineSpec("d", "final", k, parents=("c1",), run_id="r").hash == h
+
+
+def test_portable_knobs_round_trip():
+    k = Knobs(drafter=f"draft:{ROOT / 'models' / 'tiny-draft'}", k=3, k_per_batch={4: 2})
+    d = portable_knobs(k)
+    assert d["drafter"] == "draft:models/tiny-draft"
+    assert resolve_knobs(d) == k
+
+
+def test_build_runs_the_overlay_code(tmp_path):
+    spec = EngineSpec("d", "x", Knobs(drafter="ngram"), overlay_with("patched"))
+    b = build(spec, tmp_path)
+    assert b.path == tmp_path / spec.hash and (b.path / ".complete").is_file()
+    assert build(spec, tmp_path) == b  # idempotent
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONPATH": str(b.path)}
+    code = ("import specpilot.runtime.drafters.ngram as m, specpilot;"
+            "print(m.NgramDrafter.name, specpilot.__file__)")
+    out = subprocess.run([sys.executable, "-s", "-c", code], cwd=b.path, env=env,
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert out[0] == "patched" and out[1].startswith(str(b.path))
+    # the stock package is untouched
+    assert 'name = "ngram"' in (ROOT / NGRAM).read_text()
+
+
+def test_overlay_paths_must_be_package_files(tmp_path):
+    for bad in ("../etc/passwd", "/etc/passwd", "specpilot/nope.py"):
+        with pytest.raises(SpecPilotError):
+            build(EngineSpec("d", "x", Knobs(), {bad: "x"}), tmp_path)
+
+
+def test_promote_and_load(tmp_path):
+    spec = EngineSpec("dep", "final", Knobs(drafter="ngram", k=5, k_per_batch={8: 3}),
+                      overlay_with("p"), parents=("c003", "c004"), run_id="run-1")
+    path = promote(spec, {"speedup_vs_stock": {"ratio": 1.5, "ci95": [1.2, 1.8]}}, tmp_path)
+    assert path == tmp_path / "dep" / "final"
+    assert (path / "overlay" / NGRAM).read_text() == spec.overlay[NGRAM]
+    assert json.loads((path / "results.json").read_text())["speedup_vs_stock"]["ratio"] == 1.5
+    eng = load_engine(path)
+    assert eng.hash_matches and eng.spec.knobs == spec.knobs and eng.spec.overlay == spec.overlay
+    assert eng.spec.parents == ("c003", "c004") and eng.spec.run_id == "run-1"
+    (path / "overlay" / NGRAM).write_text(spec.overlay[NGRAM] + "\n# tampered\n")
+    assert not load_engine(path).hash_matches
+    with pytest.raises(SpecPilotError, match="no engine.toml"):
+        load_engine(tmp_path)
+
+
+SHIPPED = ROOT / "engines" / "tiny-cpu" / "final"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHIPPED / "engine.toml").is_file(),
+                    reason="engines/tiny-cpu/final is not shipped yet (run `specpilot search "
+                           "--deployment tiny-cpu` first)")
+def test_replay_of_the_shipped_tiny_cpu_engine():
+    from specpilot.engines import replay
+
+    res = replay(SHIPPED, repeats=2, dev_limit=6, gate_limit=6)
+    assert res["hash_matches"], "the shipped engine's hash no longer matches its files"
+    assert res["verified"], res["reason"]
+    assert res["speedup_vs_stock"]["ratio"] > 1.0
+    assert res["speedup_vs_ar"]["ci95"][0] > 0
