@@ -1,0 +1,1 @@
+"""Benchmarking: workloads (prompt sets), and the bench / compare / score tools built on them."""

@@ -1,0 +1,105 @@
+"""Workloads: recipes materialise deterministically from held-out stdlib files, dev and gate
+share no file, JSONL workloads load as written, and bad names fail in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specpilot.bench.workloads import (
+    Recipe,
+    WorkloadItem,
+    cut_points,
+    items_hash,
+    load_workload,
+    write_jsonl,
+)
+from specpilot.runtime.errors import SpecPilotError
+from specpilot.zoo.corpus import split_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture()
+def data(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_DATA", str(tmp_path / "data"))
+    return tmp_path / "data"
+
+
+def test_recipes_materialise_deterministically(data):
+    a = load_workload("tiny-pycode-dev")
+    b = load_workload("tiny-pycode-dev")
+    assert a.hash == b.hash and a.items == b.items
+    assert len(a.items) == 32 and len({i.id for i in a.items}) == 32
+    f = Path(a.path)
+    assert f.parent == data / "workloads" and f.name == f"tiny-pycode-dev-{a.hash[:12]}.jsonl"
+    rows = [json.loads(line) for line in f.read_text().splitlines()]
+    assert items_hash([WorkloadItem(**r) for r in rows]) == a.hash
+    assert not list(f.parent.glob(".*"))  # the atomic write left no temporary file
+
+
+def test_prompts_come_from_heldout_files_cut_at_boundaries(data):
+    for name in ("tiny-pycode-dev", "tiny-pycode-gate"):
+        r = Recipe.from_toml(ROOT / "workloads" / f"{name}.toml")
+        for it in load_workload(name).items:
+            rel = it.dataset.removeprefix("stdlib/")
+            assert split_of(rel) == "heldout"
+            assert not rel.startswith("encodings/")
+            assert r.min_prompt_chars <= len(it.prompt) <= r.max_prompt_chars
+            assert it.prompt.endswith("\n")
+            first = it.reference.splitlines()[0].lstrip()
+            after_blank = it.prompt.endswith("\n\n") or it.prompt.rstrip(" \t").endswith("\n\n")
+            assert after_blank or first.startswith(("def ", "class ", "async def")), it.id
+
+
+def test_dev_and_gate_share_no_file(data):
+    dev, gate = load_workload("tiny-pycode-dev"), load_workload("tiny-pycode-gate")
+    dev_files = {i.dataset for i in dev.items}
+    gate_files = {i.dataset for i in gate.items}
+    assert len(dev_files) >= 8 and len(gate_files) >= 8
+    assert not dev_files & gate_files
+    assert dev.hash != gate.hash
+
+
+def test_cut_points_rule():
+    text = "import os\n\nx = 1\ndef f():\n    pass\n    def g(): pass\nclass C:\n    y = 2\n"
+    pts = cut_points(text, "def-class-blank")
+    starts = [text[p:].split("\n")[0] for p in pts]
+    assert starts == ["x = 1", "def f():", "    def g(): pass", "class C:"]
+    assert [text[p:].split("\n")[0] for p in cut_points(text, "def-class")] == starts[1:]
+
+
+def test_jsonl_workload_by_path_and_its_hash(tmp_path, data):
+    items = [WorkloadItem("a", "mine", "def f(x):\n"), WorkloadItem("b", "mine", "class A:\n")]
+    p = tmp_path / "mine.jsonl"
+    write_jsonl(items, p)
+    w = load_workload(str(p))
+    assert w.name == "mine" and w.items == items and w.hash == items_hash(items)
+    write_jsonl(items[:1], p)
+    assert load_workload(str(p)).hash != w.hash
+
+
+def test_bad_workloads_fail_in_one_line(tmp_path, data):
+    with pytest.raises(SpecPilotError) as e:
+        load_workload("no-such-workload")
+    assert "\n" not in str(e.value) and "tiny-pycode-dev" in str(e.value)
+    bad = tmp_path / "bad.toml"
+    bad.write_text('seed = 1\ncount = 3\nparts = ["dev", "gate"]\npart = "other"\n')
+    with pytest.raises(SpecPilotError, match="part"):
+        load_workload(str(bad))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"id": "x"}\n')
+    with pytest.raises(SpecPilotError, match="prompt"):
+        load_workload(str(empty))
+
+
+def test_cli_bad_workload_is_one_line_exit_2(data):
+    r = subprocess.run([sys.executable, "-m", "specpilot", "zoo", "eval", "--workload", "nope",
+                        "--no-heldout"], check=False, capture_output=True, text=True,
+                       cwd=ROOT, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: no workload")
