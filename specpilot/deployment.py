@@ -32,7 +32,9 @@ class DrafterSpec:
 
     @property
     def spec(self) -> str:
-        """The runtime's drafter string: ngram | draft:DIR | block:DIR."""
+        """The runtime's drafter string: ngram | draft:DIR | block:DIR | oracle:k=v,..."""
+        if self.kind == "oracle" and self.params:
+            return "oracle:" + ",".join(f"{k}={v}" for k, v in self.params.items())
         return self.kind if not self.path else f"{self.kind}:{self.path}"
 
 

@@ -21,6 +21,10 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
         from .drafters.ngram import NgramDrafter
 
         return NgramDrafter(knobs.ngram_max, knobs.ngram_min)
+    if spec == "oracle" or spec.startswith("oracle:"):
+        from .drafters.oracle import load_oracle
+
+        return load_oracle(spec, target, knobs, device, dtype)
     kind, _, path = spec.partition(":")
     if not path:
         raise CheckpointError(f"drafter {spec!r} needs a directory: {kind}:DIR")
@@ -28,6 +32,8 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
         from .drafters.draft_model import DraftModelDrafter
 
         model = load_model(path, device, dtype)
+        if str(device).startswith("cuda") and knobs.fused_proj:
+            model.fuse_projections()
         if model.cfg.vocab_size != target.cfg.vocab_size:
             raise CheckpointError(
                 f"drafter {path} has vocabulary size {model.cfg.vocab_size}, the target "
@@ -48,9 +54,16 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
         raise CheckpointError("--device cuda was asked for but no CUDA device is available")
     if knobs.threads and device == "cpu":
         torch.set_num_threads(knobs.threads)
-    target = load_model(model_dir, device, dtype)
-    tokenizer = Tokenizer(model_dir)
-    if tokenizer.vocab_size > target.cfg.vocab_size:
+    if str(model_dir).startswith("random:"):  # perf-only: random weights, no tokenizer
+        from .random_model import random_transformer
+
+        target, tokenizer = random_transformer(str(model_dir), device, dtype), None
+    else:
+        target = load_model(model_dir, device, dtype)
+        tokenizer = Tokenizer(model_dir)
+    if device == "cuda" and knobs.fused_proj:
+        target.fuse_projections()
+    if tokenizer is not None and tokenizer.vocab_size > target.cfg.vocab_size:
         raise CheckpointError(
             f"{model_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
             f"{target.cfg.vocab_size}"
@@ -58,5 +71,6 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
     drafter = None
     if knobs.drafter is not None:
         drafter = load_drafter(knobs.drafter, target, knobs, device, target.dtype)
-    engine = Engine(target, drafter, k=knobs.k_for(batch_size))
+    engine = Engine(target, drafter, k=knobs.k_for(batch_size), cuda_graphs=knobs.cuda_graphs,
+                    kv_bucket=knobs.kv_bucket)
     return engine, tokenizer

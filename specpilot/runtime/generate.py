@@ -4,6 +4,14 @@ prefill -> loop { drafter proposes k tokens; the target verifies [pending, draft
 pass; commit the agreeing prefix + the target's own next token }. With no drafter (k = 0)
 the same loop is plain greedy AR decoding. Every committed token is the target's argmax
 given the committed prefix, so the output equals greedy decoding by construction.
+
+A step never waits for the host: acceptance, commit (tokens, lengths), the per-row finished
+flag (EOS or max_new_tokens reached) and the metrics are updated on the device in persistent
+buffers. Finished rows keep running harmlessly (their length stops advancing). The host
+learns "all finished" and the longest row one step late (`AsyncFlags`), which also bounds
+the attended cache prefix (`kv_bucket` multiples) so that one CUDA graph per (batch, k,
+bucket) serves every step (`StepGraphs`). On a CPU the flags are read at once and the
+attended prefix is exact. Outputs are cut at the first EOS / max_new_tokens at the end.
 """
 
 from __future__ import annotations
@@ -12,7 +20,9 @@ import time
 from dataclasses import asdict, dataclass, field
 
 import torch
+from torch import Tensor
 
+from .cuda_graphs import AsyncFlags, StepGraphs
 from .drafter import Drafter
 from .errors import RequestError
 from .model import Transformer
@@ -41,13 +51,39 @@ class Generation:
 
 
 @dataclass
+class _State:
+    """Per-(batch, k) device buffers the steps (and their CUDA graphs) read and update."""
+
+    tokens: Tensor  # [B, S] committed tokens (+ scratch beyond lengths)
+    lengths: Tensor  # [B] committed length; the last committed token is pending
+    prompt_lens: Tensor  # [B]
+    done: Tensor  # [B] bool
+    steps: Tensor  # [B] verify steps while live
+    hist: Tensor  # [B, k + 1]
+    drafts: Tensor  # [B, max(k, 1)]
+    eos: Tensor  # [E] EOS ids (-1 = none)
+    max_new: Tensor  # [] max_new_tokens
+    stats: Tensor  # [2]: all done, longest row
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+@dataclass
 class Engine:
-    """A target model, an optional drafter and the decoding knobs."""
+    """A target model, an optional drafter and the decoding knobs.
+
+    `cuda_graphs` (CUDA only): capture each step once per (batch, k, attended prefix) and
+    replay it. `kv_bucket` (CUDA only): attend to the cache prefix rounded up to this many
+    slots (0: the whole static cache)."""
 
     target: Transformer
     drafter: Drafter | None = None
     k: int = 4
     eos_ids: tuple[int, ...] = field(default_factory=tuple)
+    cuda_graphs: bool = True
+    kv_bucket: int = 256
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -55,6 +91,9 @@ class Engine:
         if self.drafter is None:
             self.k = 0
         self._check_k()
+        self._states: dict[tuple[int, int, int], _State] = {}
+        self._graphs: StepGraphs | None = None
+        self.lag: int | None = None  # flag-read lag; None = 1 on CUDA, 0 on CPU
 
     def _check_k(self) -> None:
         if self.drafter is None:
@@ -68,22 +107,33 @@ class Engine:
                 f"per step: use k <= {mk}"
             )
 
+    @property
+    def graph_stats(self):
+        return None if self._graphs is None else self._graphs.stats
+
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 128,
                  ignore_eos: bool = False) -> list[Generation]:
         if not prompts:
             return []
         self._check(prompts, max_new_tokens)
+        prepare = getattr(self.drafter, "prepare", None)
+        if prepare is not None:
+            prepare(prompts, max_new_tokens)
         dev = self.target.device
+        cuda = dev.type == "cuda"
         B, k = len(prompts), self.k
         lens = [len(p) for p in prompts]
         T = max(lens)
-        S = T + max_new_tokens + k + 2  # +1 scratch slot (S-1) for prefill padding
-        self.target.setup_cache(B, S)
+        # finished rows may sit k past max_new_tokens and still verify k ahead; +1 scratch
+        need = T + max_new_tokens + 2 * k + 2
+        bucket = self.kv_bucket if cuda else 0
+        self.target.setup_cache(B, _round_up(need, bucket) if bucket else need)
+        S = self.target.max_seq_len  # the scratch slot S - 1 takes prefill padding
         if self.drafter is not None:
             self.drafter.setup(B, S)
         layers = self.drafter.hidden_layers if self.drafter is not None else ()
-        eos = set() if ignore_eos else set(self.eos_ids)
+        graphs = self._graphs_for(dev)
 
         # Prefill, left-padded: pad columns write to the scratch slot S-1.
         t0 = time.perf_counter()
@@ -92,88 +142,140 @@ class Engine:
         for b, p in enumerate(prompts):
             inp[b, T - len(p):] = torch.tensor(p, device=dev)
             pos[b, T - len(p):] = torch.arange(len(p), device=dev)
-        logits, hidden = self.target(inp, pos, hidden_layers=layers, last_only=True)
-        first = logits[:, -1].argmax(-1)
-        tokens = torch.zeros(B, S, dtype=torch.long, device=dev)
+        pred, hidden = self.target.step(inp, pos, hidden_layers=layers, last_only=True)
+        first = pred[:, -1]
+        st = self._state(B, k, S, dev)
+        st.tokens.zero_()
         for b, p in enumerate(prompts):
-            tokens[b, : len(p)] = inp[b, T - len(p):]
-        tokens[torch.arange(B, device=dev), torch.tensor(lens, device=dev)] = first
+            st.tokens[b, : len(p)] = inp[b, T - len(p):]
+        plens = torch.tensor(lens, device=dev)
+        st.tokens[torch.arange(B, device=dev), plens] = first
+        st.prompt_lens.copy_(plens)
+        st.lengths.copy_(plens + 1)
+        st.steps.zero_()
+        st.hist.zero_()
+        eos = [] if ignore_eos else list(self.eos_ids)
+        st.eos.fill_(-1)
+        if eos:
+            st.eos[: len(eos)] = torch.tensor(eos, device=dev)
+        st.max_new.fill_(max_new_tokens)
+        st.done.copy_((first[:, None] == st.eos).any(1) | (max_new_tokens <= 1))
         if self.drafter is not None:
             rows = None if hidden is None else [hidden[b, T - n:] for b, n in enumerate(lens)]
             self.drafter.prefill(prompts, rows)
-        first_host = first.tolist()
+        all_done = bool(st.done.all())
         prefill_s = time.perf_counter() - t0
 
-        outputs = [[t] for t in first_host]
-        finish = ["" for _ in range(B)]
-        for b in range(B):
-            if first_host[b] in eos:
-                finish[b] = "eos"
-            elif max_new_tokens <= 1:
-                finish[b] = "length"
-        lengths_host = [n + 1 for n in lens]
-        steps = [0] * B
-        committed = [0] * B
-        hist = [[0] * (k + 1) for _ in range(B)]
-        ar = torch.arange(k + 1, device=dev)
-
         t1 = time.perf_counter()
-        while not all(finish):
-            lengths = torch.tensor(lengths_host, device=dev)
-            start = lengths - 1
-            pending = tokens.gather(1, start[:, None])
-            if k:
-                drafts = self.drafter.propose(tokens, lengths, k)
-                inp = torch.cat([pending, drafts], dim=1)
-            else:
-                inp = pending
-            vpos = start[:, None] + ar
-            logits, hidden = self.target(inp, vpos, hidden_layers=layers,
-                                         kv_len=max(lengths_host) + k)
-            pred = logits.argmax(-1)  # [B, k+1]
-            if k:
-                n_acc = (drafts == pred[:, :k]).long().cumprod(1).sum(1)
-            else:
-                n_acc = torch.zeros(B, dtype=torch.long, device=dev)
-            tokens.scatter_(1, lengths[:, None] + ar, pred)
-            if self.drafter is not None:
-                self.drafter.accept(start, n_acc, hidden)
-            pred_host, n_host = pred.tolist(), n_acc.tolist()
-            for b in range(B):
-                if finish[b]:
-                    continue
-                new = pred_host[b][: n_host[b] + 1]
-                steps[b] += 1
-                hist[b][n_host[b]] += 1
-                room = max_new_tokens - len(outputs[b])
-                if len(new) >= room:
-                    new, finish[b] = new[:room], "length"
-                for j, t in enumerate(new):
-                    if t in eos:
-                        new, finish[b] = new[: j + 1], "eos"
-                        break
-                outputs[b].extend(new)
-                committed[b] += len(new)
-                lengths_host[b] += len(new)
+        flags = AsyncFlags(dev, 2, self.lag if self.lag is not None else int(cuda))
+        known_max = max(lens) + 1
+        while not all_done:
+            # longest row now <= known_max + (k+1) per step launched since that reading
+            bound = min(known_max + flags.unread() * (k + 1) + k, S)
+            kv_len = min(_round_up(bound, bucket), S) if bucket else bound
+            self._step(st, graphs, kv_len)
+            flags.push(st.stats)
+            got = flags.pop()
+            if got is not None:
+                all_done, known_max = bool(got[0]), got[1]
+        tokens, lengths = st.tokens.tolist(), st.lengths.tolist()
+        steps, hist = st.steps.tolist(), st.hist.tolist()
         decode_s = time.perf_counter() - t1
 
-        return [
-            Generation(
+        out = []
+        eos_set = set(eos)
+        for b in range(B):
+            ids = tokens[b][lens[b]: lengths[b]][:max_new_tokens]
+            reason = "length"
+            for j, t in enumerate(ids):
+                if t in eos_set:
+                    ids, reason = ids[: j + 1], "eos"
+                    break
+            out.append(Generation(
                 prompt_ids=list(prompts[b]),
-                output_ids=outputs[b],
-                finish_reason=finish[b],
+                output_ids=ids,
+                finish_reason=reason,
                 metrics=RequestMetrics(
                     prompt_tokens=lens[b],
-                    new_tokens=len(outputs[b]),
+                    new_tokens=len(ids),
                     verify_steps=steps[b],
-                    accept_length=committed[b] / steps[b] if steps[b] else 0.0,
+                    accept_length=(len(ids) - 1) / steps[b] if steps[b] else 0.0,
                     accept_hist=hist[b],
                     prefill_s=prefill_s,
                     decode_s=decode_s,
                 ),
-            )
-            for b in range(B)
-        ]
+            ))
+        return out
+
+    # -- the device-side step -------------------------------------------------------------
+
+    def _graphs_for(self, dev: torch.device) -> StepGraphs:
+        if self._graphs is None or self._graphs.device != dev:
+            self._graphs = StepGraphs(dev, enabled=self.cuda_graphs)
+        token = (self.target.cache_version, getattr(self.drafter, "graph_version", 0))
+        if token != self._graphs.token:
+            self._states.clear()  # buffers and graphs are re-made together
+        self._graphs.invalidate(token)
+        return self._graphs
+
+    def _state(self, B: int, k: int, S: int, dev: torch.device) -> _State:
+        key = (B, k, S)
+        st = self._states.get(key)
+        if st is None:
+            def z(*shape, dtype=torch.long):
+                return torch.zeros(shape, dtype=dtype, device=dev)
+
+            st = _State(tokens=z(B, S), lengths=z(B), prompt_lens=z(B),
+                        done=z(B, dtype=torch.bool), steps=z(B), hist=z(B, k + 1),
+                        drafts=z(B, max(k, 1)), eos=z(max(len(self.eos_ids), 1)),
+                        max_new=z(), stats=z(2))
+            self._states[key] = st
+        return st
+
+    def _step(self, st: _State, graphs: StepGraphs, kv_len: int) -> None:
+        k, d = self.k, self.drafter
+        key = (st.tokens.shape[0], k, kv_len, id(st))
+        if d is None or getattr(d, "graph_safe", False):
+            graphs.run(key, lambda: self._whole_step(st, kv_len))
+            return
+        st.drafts.copy_(d.propose(st.tokens, st.lengths, k))
+        start, n_acc, hidden = graphs.run(key, lambda: self._verify_commit(st, kv_len))
+        d.accept(start, n_acc, hidden)
+
+    def _whole_step(self, st: _State, kv_len: int) -> None:
+        d = self.drafter
+        if d is not None:
+            if hasattr(d, "kv_len"):
+                d.kv_len = kv_len
+            st.drafts.copy_(d.propose(st.tokens, st.lengths, self.k))
+        start, n_acc, hidden = self._verify_commit(st, kv_len)
+        if d is not None:
+            d.accept(start, n_acc, hidden)
+
+    def _verify_commit(self, st: _State, kv_len: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Verify [pending, drafts], commit on the device; returns (start, n_accepted, hidden)."""
+        k = self.k
+        ar = torch.arange(k + 1, device=st.tokens.device)
+        start = st.lengths - 1
+        inp = st.tokens.gather(1, start[:, None])
+        if k:
+            inp = torch.cat([inp, st.drafts], dim=1)
+        layers = self.drafter.hidden_layers if self.drafter is not None else ()
+        pred, hidden = self.target.step(inp, start[:, None] + ar, hidden_layers=layers,
+                                        kv_len=kv_len)  # [B, k+1]
+        if k:
+            n_acc = (st.drafts == pred[:, :k]).long().cumprod(1).sum(1)
+        else:
+            n_acc = torch.zeros_like(start)
+        live = (~st.done).long()
+        st.tokens.scatter_(1, st.lengths[:, None] + ar, pred)
+        hit = ((pred[:, :, None] == st.eos).any(-1) & (ar <= n_acc[:, None])).any(1)
+        st.steps.add_(live)
+        st.hist.scatter_add_(1, n_acc[:, None], live[:, None])
+        st.lengths.add_(live * (n_acc + 1))
+        st.done.logical_or_(hit | (st.lengths - st.prompt_lens >= st.max_new))
+        st.stats.copy_(torch.stack([st.done.all().long(), st.lengths.max()]))
+        return start, n_acc, hidden
 
     def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
         cfg = self.target.cfg

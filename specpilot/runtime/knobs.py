@@ -13,13 +13,16 @@ from .errors import SpecPilotError
 
 @dataclass(frozen=True)
 class Knobs:
-    drafter: str | None = None  # None (AR) | "ngram" | "draft:DIR" | "block:DIR"
+    drafter: str | None = None  # None (AR) | "ngram" | "draft:DIR" | "block:DIR" | "oracle[:ARGS]"
     k: int = 4  # drafted tokens per verify step
     k_per_batch: dict[int, int] = field(default_factory=dict)  # batch size -> k override
     ngram_max: int = 3
     ngram_min: int = 1
     threads: int = 0  # torch CPU threads; 0 = leave torch's default
     weights: str = "bf16"  # "bf16" | "w12" (GPU; ignored for fp32 CPU models)
+    cuda_graphs: bool = True  # replay each decode/verify step from a CUDA graph (CUDA only)
+    fused_proj: bool = True  # one qkv and one gate_up GEMM per layer (CUDA only; copies weights)
+    kv_bucket: int = 256  # attend to the cache prefix rounded up to this (CUDA); 0 = all of it
 
     def k_for(self, batch_size: int) -> int:
         if self.drafter is None:
@@ -32,7 +35,7 @@ class Knobs:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Knobs":
+    def from_dict(cls, d: dict) -> Knobs:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - names)
         if unknown:
@@ -46,7 +49,7 @@ class Knobs:
         knobs.validate()
         return knobs
 
-    def with_(self, **changes) -> "Knobs":
+    def with_(self, **changes) -> Knobs:
         return Knobs.from_dict({**self.to_dict(), **changes})
 
     def validate(self) -> None:
@@ -59,11 +62,15 @@ class Knobs:
             raise SpecPilotError("threads must be >= 0")
         if self.weights not in ("bf16", "w12"):
             raise SpecPilotError(f"weights must be bf16 or w12, got {self.weights!r}")
+        if self.kv_bucket < 0 or self.kv_bucket % 16:
+            raise SpecPilotError(f"kv_bucket must be 0 or a positive multiple of 16, "
+                                 f"got {self.kv_bucket}")
         if self.drafter is not None and not (
-            self.drafter == "ngram" or self.drafter.split(":", 1)[0] in ("draft", "block")
+            self.drafter in ("ngram", "oracle")
+            or self.drafter.split(":", 1)[0] in ("draft", "block", "oracle")
         ):
             raise SpecPilotError(
-                f"bad drafter {self.drafter!r}: use ngram, draft:DIR or block:DIR"
+                f"bad drafter {self.drafter!r}: use ngram, draft:DIR, block:DIR or oracle[:ARGS]"
             )
 
 

@@ -5,6 +5,12 @@ One forward signature serves prefill, AR decode and speculative verify:
 attend to every cache slot at a position <= its own. Rows of a batch may sit at different
 positions; slots past a row's length hold stale K/V that the mask hides and that later
 writes simply overwrite (no rollback).
+
+The cache only grows (`setup_cache` keeps a larger one), so a batch of B rows uses its first
+B rows and CUDA graphs captured over it stay valid until `cache_version` changes.
+`fuse_projections()` (for CUDA) concatenates q/k/v and gate/up into one `nn.Linear` each and
+switches attention to a grouped layout (each KV head's query heads stacked as rows): fewer,
+larger kernels per layer, the same function up to rounding.
 """
 
 from __future__ import annotations
@@ -18,6 +24,13 @@ from torch import Tensor, nn
 from .config import ModelConfig
 
 
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """RMS norm in fp32, cast back, then scaled (HF's rounding order)."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -25,10 +38,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -59,19 +69,27 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 class KVCache(nn.Module):
-    """Static cache [B, n_kv, S, head_dim]; `update` writes at per-row positions."""
+    """Static cache [B, n_kv, S, head_dim]; writes go to per-row positions of the first rows."""
 
     def __init__(self, batch: int, n_kv: int, max_len: int, head_dim: int, dtype, device):
         super().__init__()
         shape = (batch, n_kv, max_len, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device), persistent=False)
+        self.register_buffer("rows", torch.arange(batch, device=device)[:, None],
+                             persistent=False)
+
+    def write(self, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """k, v [B, T, n_kv, hd] at positions [B, T]; returns the first B rows of the cache."""
+        B = positions.shape[0]
+        rows = self.rows[:B]
+        self.k[rows, :, positions] = k
+        self.v[rows, :, positions] = v
+        return self.k[:B], self.v[:B]
 
     def update(self, positions: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        rows = torch.arange(positions.shape[0], device=positions.device)[:, None]
-        self.k[rows, :, positions] = k.transpose(1, 2)
-        self.v[rows, :, positions] = v.transpose(1, 2)
-        return self.k, self.v
+        """k, v [B, n_kv, T, hd] (head-major layout)."""
+        return self.write(positions, k.transpose(1, 2), v.transpose(1, 2))
 
 
 class Attention(nn.Module):
@@ -87,9 +105,23 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.kv_cache: KVCache | None = None
+        self.fused = False
+
+    def fuse(self) -> None:
+        """One qkv_proj (and one [nh + nkv, hd] q/k norm weight) instead of three."""
+        c = self.cfg
+        self.qkv_proj = _concat_linears([self.q_proj, self.k_proj, self.v_proj])
+        del self.q_proj, self.k_proj, self.v_proj
+        if c.qk_norm:
+            w = torch.cat([self.q_norm.weight.expand(c.num_heads, -1),
+                           self.k_norm.weight.expand(c.num_kv_heads, -1)])
+            self.register_buffer("qk_norm_weight", w.contiguous(), persistent=False)
+        self.fused = True
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, mask: Tensor,
                 kv_len: int | None) -> Tensor:
+        if self.fused:
+            return self._forward_fused(x, cos, sin, positions, mask, kv_len)
         B, T, _ = x.shape
         hd = self.cfg.head_dim
         q = self.q_proj(x).view(B, T, -1, hd)
@@ -107,6 +139,30 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
+    def _forward_fused(self, x, cos, sin, positions, mask, kv_len):
+        """cos/sin [B, T, 1, hd]; mask additive [B, 1, T * G, S] over grouped query rows."""
+        c = self.cfg
+        B, T, _ = x.shape
+        hd, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
+        G = nh // nkv
+        qkv = self.qkv_proj(x).view(B, T, nh + 2 * nkv, hd)
+        qk, v = qkv[:, :, : nh + nkv], qkv[:, :, nh + nkv:]
+        if c.qk_norm:
+            qk = rms_norm(qk, self.qk_norm_weight, c.rms_norm_eps)
+        qk = qk * cos + rotate_half(qk) * sin
+        q, k = qk[:, :, :nh], qk[:, :, nh:]
+        if self.kv_cache is not None:
+            k, v = self.kv_cache.write(positions, k, v)
+            if kv_len is not None:
+                k, v = k[:, :, :kv_len], v[:, :, :kv_len]
+        else:
+            k, v = k.transpose(1, 2), v.transpose(1, 2)
+        # query head h = j * G + g reads KV head j: rows (t, g) of KV head j
+        q = q.reshape(B, T, nkv, G, hd).transpose(1, 2).reshape(B, nkv, T * G, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.view(B, nkv, T, G, hd).transpose(1, 2).reshape(B, T, nh * hd)
+        return self.o_proj(y)
+
 
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
@@ -115,9 +171,30 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(h, i, bias=b)
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
+        self.fused = False
+
+    def fuse(self) -> None:
+        self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+        self.fused = True
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.fused:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _concat_linears(parts: list[nn.Linear]) -> nn.Linear:
+    """One nn.Linear whose output is the concatenation of `parts`' outputs (weights copied
+    once)."""
+    w = torch.cat([p.weight.detach() for p in parts])
+    bias = parts[0].bias is not None
+    out = nn.Linear(w.shape[1], w.shape[0], bias=bias, device="meta")
+    out.weight = nn.Parameter(w, requires_grad=False)
+    if bias:
+        out.bias = nn.Parameter(torch.cat([p.bias.detach() for p in parts]), requires_grad=False)
+    return out
 
 
 class DecoderLayer(nn.Module):
@@ -147,6 +224,8 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         self.max_seq_len = 0
         self.batch_size = 0
+        self.cache_version = 0  # bumped on every (re)allocation of the cache
+        self.fused = False
 
     @property
     def device(self) -> torch.device:
@@ -156,16 +235,31 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
-        """(Re)allocate the static KV cache when the batch or length grows."""
-        if batch_size == self.batch_size and max_seq_len <= self.max_seq_len:
+    def fuse_projections(self) -> None:
+        """Concatenate q/k/v and gate/up weights (copies them once; meant for CUDA)."""
+        if self.fused:
             return
+        for layer in self.model.layers:
+            layer.self_attn.fuse()
+            layer.mlp.fuse()
+        self.fused = True
+
+    def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
+        """Allocate the static KV cache when the batch or the length outgrows it (it never
+        shrinks: a smaller batch uses the first rows)."""
+        if batch_size <= self.batch_size and max_seq_len <= self.max_seq_len:
+            return
+        batch_size = max(batch_size, self.batch_size)
+        max_seq_len = max(max_seq_len, self.max_seq_len)
         c = self.cfg
+        for layer in self.model.layers:
+            layer.self_attn.kv_cache = None  # free the old one first
         for layer in self.model.layers:
             layer.self_attn.kv_cache = KVCache(
                 batch_size, c.num_kv_heads, max_seq_len, c.head_dim, self.dtype, self.device
             )
         self.batch_size, self.max_seq_len = batch_size, max_seq_len
+        self.cache_version += 1
 
     def embed(self, input_ids: Tensor) -> Tensor:
         return self.model.embed_tokens(input_ids)
@@ -190,20 +284,51 @@ class Transformer(nn.Module):
         With use_cache=False the cache is neither read nor written (plain causal pass over
         `input_ids`, used for teacher forcing). `kv_len` bounds the cache slots attended
         (every row's positions must be < kv_len)."""
+        x, hidden = self.body(input_ids, positions, hidden_layers=hidden_layers,
+                              kv_len=kv_len, use_cache=use_cache)
+        if last_only:
+            x = x[:, -1:]
+        return self.head(x), hidden
+
+    def step(self, input_ids: Tensor, positions: Tensor, *, hidden_layers: tuple[int, ...] = (),
+             last_only: bool = False, kv_len: int | None = None) -> tuple[Tensor, Tensor | None]:
+        """A cached pass that returns the greedy tokens [B, T] (argmax of the logits, without
+        materialising them in fp32) and the hidden states as `forward` does."""
+        x, hidden = self.body(input_ids, positions, hidden_layers=hidden_layers, kv_len=kv_len)
+        if last_only:
+            x = x[:, -1:]
+        return self.lm_head(self.model.norm(x)).argmax(-1), hidden
+
+    def body(self, input_ids: Tensor, positions: Tensor, *, hidden_layers: tuple[int, ...] = (),
+             kv_len: int | None = None, use_cache: bool = True) -> tuple[Tensor, Tensor | None]:
+        """The decoder stack: final-layer states [B, T, H] (before the final norm) and the
+        requested layers' outputs."""
         x = self.embed(input_ids)
+        B, T = positions.shape
         freqs = positions.to(torch.float32)[..., None] * self.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # [B, 1, T, hd]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, hd]
+        emb = emb[:, :, None] if self.fused else emb[:, None]  # [B,T,1,hd] | [B,1,T,hd]
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         if use_cache:
             if self.batch_size == 0:
                 raise RuntimeError("call setup_cache() before a cached forward")
+            if B > self.batch_size:
+                raise ValueError(f"batch of {B} rows but the cache holds {self.batch_size}")
             S = kv_len if kv_len is not None else self.max_seq_len
             if not 0 < S <= self.max_seq_len:
                 raise ValueError(f"kv_len={S} outside the cache of {self.max_seq_len} slots")
             slots = torch.arange(S, device=positions.device)
-            mask = (slots[None, None, :] <= positions[:, :, None])[:, None]  # [B,1,T,S]
+            allowed = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
         else:
-            mask = (positions[:, None, :] <= positions[:, :, None])[:, None]
+            allowed = positions[:, None, :] <= positions[:, :, None]
+        if self.fused:
+            G = self.cfg.num_heads // self.cfg.num_kv_heads
+            add = torch.zeros(allowed.shape, dtype=x.dtype, device=x.device)
+            add.masked_fill_(~allowed, float("-inf"))
+            n = allowed.shape[-1]
+            mask = add[:, None, :, None, :].expand(B, 1, T, G, n).reshape(B, 1, T * G, n)
+        else:
+            mask = allowed[:, None]  # [B, 1, T, S]
         saved = []
         want = set(hidden_layers)
         for i, layer in enumerate(self.model.layers):
@@ -220,6 +345,4 @@ class Transformer(nn.Module):
         if hidden_layers:
             by_layer = dict(zip(sorted(want), saved))
             hidden = torch.cat([by_layer[i] for i in hidden_layers], dim=-1)
-        if last_only:
-            x = x[:, -1:]
-        return self.head(x), hidden
+        return x, hidden

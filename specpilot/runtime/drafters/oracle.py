@@ -1,0 +1,198 @@
+"""`oracle[:ARGS]`: a drafter with controlled acceptance, for perf runs on random weights.
+
+It replays the target's own greedy continuation of each prompt (recorded by an AR run of the
+same target, in `prepare` before a generate, or read from a records file) and corrupts each
+drafted token with probability 1 - alpha, so a step accepts n drafts with the geometric law
+of rate alpha. Whether the draft at position p of a prompt is corrupted is a fixed hash of
+(seed, prompt, p): the same on CPU and GPU, eagerly or in a CUDA graph, with no RNG state.
+Drafting cost is modelled by running k one-token steps of a random draft model of a preset
+size (`draft=0.6b`) each propose and discarding their output. The target still verifies
+every draft, so the output is the target's greedy output whatever the oracle proposes.
+
+ARGS: comma-separated `alpha=0.8`, `seed=0`, `draft=none|0.6b|1.7b|...`, and optionally
+a path to a JSON records file (`[{"prompt": [...], "output": [...]}, ...]`).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..drafter import Drafter
+from ..errors import CheckpointError
+from ..model import Transformer
+
+M31 = 0x7FFFFFFF
+
+
+@dataclass(frozen=True)
+class OracleArgs:
+    alpha: float = 0.8
+    seed: int = 0
+    draft: str = "none"
+    records: str = ""
+
+
+def parse_oracle(spec: str) -> OracleArgs:
+    """`oracle`, `oracle:alpha=0.9,draft=0.6b`, `oracle:/path/records.json,alpha=0.7`."""
+    kind, _, rest = spec.partition(":")
+    if kind != "oracle":
+        raise CheckpointError(f"not an oracle drafter spec: {spec!r}")
+    vals: dict = {}
+    for part in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, val = part.partition("=")
+        if not eq:
+            vals["records"] = part
+            continue
+        try:
+            if key == "alpha":
+                vals["alpha"] = float(val)
+            elif key == "seed":
+                vals["seed"] = int(val)
+            elif key == "draft":
+                vals["draft"] = val
+            else:
+                raise KeyError(key)
+        except (ValueError, KeyError):
+            raise CheckpointError(f"bad oracle argument {part!r}: use alpha=0..1, seed=INT, "
+                                  f"draft=PRESET or a records file path") from None
+    args = OracleArgs(**vals)
+    if not 0.0 <= args.alpha <= 1.0:
+        raise CheckpointError(f"oracle alpha={args.alpha} must lie in [0, 1]")
+    return args
+
+
+def _mix(x: Tensor) -> Tensor:
+    """A 31-bit integer hash (products stay below 2**62: no overflow in int64)."""
+    for _ in range(3):
+        x = (x * 1103515245 + 12345) & M31
+        x = x ^ (x >> 13)
+    return x
+
+
+def prompt_key(prompt: list[int]) -> int:
+    return zlib.crc32(json.dumps(list(prompt)).encode()) & M31
+
+
+class OracleDrafter(Drafter):
+    name = "oracle"
+    graph_safe = True  # propose/accept only read and update persistent buffers
+
+    def __init__(self, target: Transformer, alpha: float = 0.8, seed: int = 0,
+                 draft_model: Transformer | None = None,
+                 records: dict[tuple[int, ...], list[int]] | None = None):
+        self.target = target
+        self.alpha, self.seed = float(alpha), int(seed)
+        self.draft_model = draft_model
+        self.records: dict[tuple[int, ...], list[int]] = dict(records or {})
+        self.kv_len: int | None = None  # set by the engine before each step
+        self.graph_version = 0
+        self._bufs: dict[tuple[int, int], tuple[Tensor, Tensor, Tensor]] = {}
+        self._cur: tuple[Tensor, Tensor, Tensor] | None = None
+        self._recorder = None
+
+    # -- records --------------------------------------------------------------------------
+
+    def prepare(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+        """Record the target's greedy continuation of prompts not seen yet (one AR run)."""
+        missing = [p for p in dict.fromkeys(tuple(p) for p in prompts)
+                   if len(self.records.get(p, ())) < max_new_tokens]
+        if not missing:
+            return
+        if self._recorder is None:
+            from ..generate import Engine
+
+            self._recorder = Engine(self.target)
+        gens = self._recorder.generate([list(p) for p in missing], max_new_tokens,
+                                       ignore_eos=True)
+        for p, g in zip(missing, gens):
+            self.records[p] = g.output_ids
+
+    def save_records(self, path: str | Path) -> None:
+        rows = [{"prompt": list(p), "output": o} for p, o in self.records.items()]
+        Path(path).write_text(json.dumps(rows))
+
+    @staticmethod
+    def load_records(path: str | Path) -> dict[tuple[int, ...], list[int]]:
+        try:
+            rows = json.loads(Path(path).read_text())
+            return {tuple(r["prompt"]): list(r["output"]) for r in rows}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise CheckpointError(f"oracle records {path} unreadable ({e}): expected a JSON "
+                                  f"list of {{prompt, output}}") from None
+
+    # -- the Drafter interface ------------------------------------------------------------
+
+    def setup(self, batch_size: int, max_seq_len: int) -> None:
+        key = (batch_size, max_seq_len)
+        if key not in self._bufs:
+            dev = self.target.device
+            self._bufs[key] = (torch.zeros(batch_size, max_seq_len, dtype=torch.long, device=dev),
+                               torch.zeros(batch_size, dtype=torch.long, device=dev),
+                               torch.zeros(batch_size, dtype=torch.long, device=dev))
+        self._cur = self._bufs[key]
+        if self.draft_model is not None:
+            v = self.draft_model.cache_version
+            self.draft_model.setup_cache(batch_size, max_seq_len)
+            self.graph_version += self.draft_model.cache_version != v
+
+    def prefill(self, prompts: list[list[int]], hidden) -> None:
+        ref, ref_len, row_key = self._cur
+        S = ref.shape[1]
+        ref.zero_()
+        lens, keys = [], []
+        for b, p in enumerate(prompts):
+            seq = (list(p) + self.records.get(tuple(p), []))[:S]
+            ref[b, : len(seq)] = torch.tensor(seq, device=ref.device)
+            lens.append(len(seq))
+            keys.append(prompt_key(p) ^ (self.seed * 7919 & M31))
+        ref_len[: len(prompts)] = torch.tensor(lens, device=ref.device)
+        row_key[: len(prompts)] = torch.tensor(keys, device=ref.device)
+
+    def propose(self, tokens: Tensor, lengths: Tensor, k: int) -> Tensor:
+        ref, ref_len, row_key = self._cur
+        B = tokens.shape[0]
+        V = self.target.cfg.vocab_size
+        p = lengths[:, None] + torch.arange(k, device=tokens.device)  # draft positions
+        true = ref[:B].gather(1, p.clamp(max=ref.shape[1] - 1))
+        h = _mix((row_key[:B, None] * 31 + p) & M31)
+        u = (h >> 11).float() * (1.0 / (1 << 20))  # uniform in [0, 1)
+        bad = (u >= self.alpha) | (p >= ref_len[:B, None])
+        alt = (true + 1 + _mix(h) % (V - 1)) % V  # never the recorded token
+        drafts = torch.where(bad, alt, true)
+        if self.draft_model is not None:
+            self._draft_cost(tokens, lengths, drafts)
+        return drafts
+
+    def _draft_cost(self, tokens: Tensor, lengths: Tensor, drafts: Tensor) -> None:
+        """k sequential one-token steps of the draft model (outputs discarded)."""
+        m = self.draft_model
+        kv = self.kv_len if self.kv_len is not None else m.max_seq_len
+        kv = min(kv, m.max_seq_len)
+        x = tokens.gather(1, (lengths - 1)[:, None])
+        pos = (lengths - 1)[:, None]
+        for j in range(drafts.shape[1]):
+            m.step(x, pos + j, kv_len=kv)
+            x = drafts[:, j: j + 1]
+
+
+def load_oracle(spec: str, target: Transformer, knobs, device, dtype) -> OracleDrafter:
+    """The oracle of a drafter spec; its draft model (if any) is random, on the target's
+    device and dtype, fused like the target."""
+    args = parse_oracle(spec)
+    draft = None
+    if args.draft not in ("", "none"):
+        from ..random_model import random_transformer
+
+        draft = random_transformer(args.draft, target.device, target.dtype, seed=args.seed + 1,
+                                   fused=target.fused)
+        if draft.cfg.vocab_size != target.cfg.vocab_size:
+            raise CheckpointError(f"oracle draft preset {args.draft!r} has vocabulary "
+                                  f"{draft.cfg.vocab_size}, the target {target.cfg.vocab_size}")
+    records = OracleDrafter.load_records(args.records) if args.records else None
+    return OracleDrafter(target, args.alpha, args.seed, draft, records)
