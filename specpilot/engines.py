@@ -4,9 +4,10 @@ An engine is plain data (`EngineSpec`): the deployment, the knobs and an *overla
 that replace files of the stock `specpilot` package, keyed by their path in the repo, e.g.
 `specpilot/runtime/generate.py`). `build` materialises it as a full copy of the package
 under `data_dir()/builds/<hash>/`; a worker process that puts that folder first on its
-PYTHONPATH runs the candidate's code and nothing else. `promote` writes
+PYTHONPATH runs the candidate's code and nothing else (`run_in_build` starts such a
+process under a time limit). `promote` writes
 `engines/<deployment>/<name>/` (engine.toml, overlay/, results.json); `load_engine` reads
-it back. The replay of a shipped engine lives in `specpilot.agents.replay_engine`.
+it back; `replay` rebuilds a shipped engine, re-verifies and re-benches it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -28,6 +32,9 @@ from .runtime.knobs import Knobs
 PACKAGE = Path(__file__).resolve().parent  # the stock specpilot package
 #: folders of the package whose code makes up the "stock runtime" in the engine hash
 RUNTIME_DIRS = ("runtime", "kernels")
+#: repo path prefixes an overlay may touch (the runtime; the harness never)
+OVERLAY_DIRS = tuple(f"specpilot/{d}/" for d in RUNTIME_DIRS)
+TUNED_DIR = "specpilot/kernels/tuned/"
 
 
 @dataclass(frozen=True)
@@ -57,11 +64,12 @@ class Build:
 
 @cache
 def stock_runtime_hash() -> str:
-    """sha256 over the stock runtime's source files and the package version (read once per
-    process, so one run sees one stock runtime)."""
+    """sha256 over the stock runtime's source files (and shipped kernel tables) and the
+    package version (read once per process, so one run sees one stock runtime)."""
     h = hashlib.sha256(f"specpilot {__version__}\n".encode())
     for d in RUNTIME_DIRS:
-        for f in sorted((PACKAGE / d).rglob("*.py")):
+        files = [*(PACKAGE / d).rglob("*.py"), *(PACKAGE / d).rglob("tuned/*.json")]
+        for f in sorted(files):
             h.update(f"{f.relative_to(PACKAGE).as_posix()}\n".encode())
             h.update(f.read_bytes())
     return h.hexdigest()
@@ -104,12 +112,22 @@ def content_hash(knobs: Knobs, overlay: dict[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+def is_tuned_table(path: str) -> bool:
+    """A per-device kernel table (`specpilot/kernels/tuned/<device>.json`): data an overlay
+    may add as well as replace."""
+    return path.startswith(TUNED_DIR) and path.endswith(".json") and \
+        "/" not in path[len(TUNED_DIR):]
+
+
 def check_overlay_paths(overlay: dict[str, str]) -> None:
+    """Overlay files must replace files of the stock runtime or kernels (never the harness:
+    bench/, forcing/, agents/ ...); a kernel tuning table may also be a new file."""
     for path in overlay:
         p = Path(path)
-        if p.is_absolute() or ".." in p.parts or not path.startswith("specpilot/"):
-            raise SpecPilotError(f"overlay path {path!r} must be a file inside specpilot/")
-        if not (PACKAGE.parent / p).is_file():
+        if p.is_absolute() or ".." in p.parts or not path.startswith(OVERLAY_DIRS):
+            raise SpecPilotError(f"overlay path {path!r} is outside {' and '.join(OVERLAY_DIRS)}: "
+                                 "an engine may only change the runtime and its kernels")
+        if not is_tuned_table(path) and not (PACKAGE.parent / p).is_file():
             raise SpecPilotError(f"overlay path {path!r} is not a file of the stock package")
 
 
@@ -128,6 +146,7 @@ def build(spec: EngineSpec, root: Path | None = None) -> Build:
     shutil.copytree(PACKAGE, tmp / "specpilot",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for path, text in spec.overlay.items():
+        (tmp / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp / path).write_text(text)
     (tmp / "engine.json").write_text(json.dumps(
         {"hash": digest, "knobs": portable_knobs(spec.knobs), "overlay": sorted(spec.overlay)},
@@ -138,6 +157,27 @@ def build(spec: EngineSpec, root: Path | None = None) -> Build:
     except OSError:  # another process finished the same build first
         shutil.rmtree(tmp, ignore_errors=True)
     return Build(dest, digest)
+
+
+def run_in_build(build_path: Path, module: str, args: list[str], log: Path,
+                 time_limit_s: float | None = None, env: dict | None = None) -> int | None:
+    """Run `python -m module args` with only `build_path` on PYTHONPATH (so the engine's
+    code, not the stock package, is imported), output to `log`, in a session of its own;
+    its exit code, or None when it ran past `time_limit_s` (its whole group is killed).
+    `env` adds to (or overrides) this process's environment."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
+    env["PYTHONPATH"] = str(build_path)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    with open(log, "w") as logf:
+        proc = subprocess.Popen([sys.executable, "-s", "-m", module, *args], cwd=build_path,
+                                env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            return proc.wait(timeout=time_limit_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
 
 
 # --- engine.toml -----------------------------------------------------------------------
@@ -152,7 +192,8 @@ def _toml_value(v) -> str:
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items()) + "}"
+        items = (f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items())
+        return "{" + ", ".join(items) + "}"
     if v is None:
         return '""'
     raise TypeError(f"cannot write {type(v).__name__} to TOML")
@@ -212,7 +253,8 @@ def load_engine(path: str | Path) -> LoadedEngine:
     path = Path(path)
     f = path / "engine.toml"
     if not f.is_file():
-        raise SpecPilotError(f"{path} is not an engine (no engine.toml): give engines/DEPLOYMENT/NAME")
+        raise SpecPilotError(f"{path} is not an engine (no engine.toml): "
+                             "give engines/DEPLOYMENT/NAME")
     try:
         d = tomllib.loads(f.read_text())
         overlay = {p: (path / "overlay" / p).read_text() for p in d.get("overlay", [])}

@@ -47,3 +47,17 @@ def qwen3_draft_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_dir(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("llama"), "llama", seed=2)
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """One local Ray for the whole test session (2 CPUs, no dashboard); its GCS address.
+    Started on first use, shut down at the end; a Ray already running is reused as is."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray.get_runtime_context().gcs_address
+    if started:
+        ray.shutdown()

@@ -19,6 +19,7 @@ from specpilot.agents.merge import Lineage, MergeConflict, merge3, merge_knobs, 
 from specpilot.agents.replay import ReplayAgent
 from specpilot.runtime.knobs import Knobs
 from specpilot.trace import Trace
+from tests.fixtures.search_env import PRED, indent_of, statement
 
 GEN = "specpilot/runtime/generate.py"
 NGRAM = "specpilot/runtime/drafters/ngram.py"
@@ -57,8 +58,8 @@ def test_static_checks_reject_cheats():
                              "specpilot/runtime/knobs.py", GEN]) and \
         len(check_edit_paths(["specpilot/forcing/verify.py", GEN])) == 1
     text = stock_file(GEN)
-    argmax = line_with(GEN, "pred", "logits.argmax(-1)")
-    ind = argmax[: len(argmax) - len(argmax.lstrip())]
+    argmax = statement(GEN, PRED, last=True)
+    ind = indent_of(argmax)
 
     def problems(new_line: str) -> list[str]:
         return check_overlay({GEN: text.replace(argmax, argmax + ind + new_line + "\n", 1)})
@@ -92,6 +93,32 @@ def test_heuristic_is_deterministic_guided_and_skips_tried():
     multi, _ = a.propose(ctx(batch_sizes=[1, 4], n=20))
     assert any("k_per_batch" in c.knobs for c in multi)
     assert any(c.knobs.get("threads") for c in multi)
+
+
+def test_heuristic_keeps_k_within_the_block_drafters_limit(tmp_path):
+    import json
+
+    block = tmp_path / "block"
+    block.mkdir()
+    (block / "config.json").write_text(json.dumps({"block_size": 4}))  # at most 3 drafts
+    spec = f"block:{block}"
+    c = ctx(drafters=[spec, "draft:/m/d"], best_knobs=Knobs(drafter=spec, k=2).to_dict(),
+            best_k={1: 6}, n=50)
+    got, _ = HeuristicAgent(seed=0).propose(c)
+    ks = [x.knobs["k"] for x in got if "k" in x.knobs]
+    assert ks and max(ks) == 3 and 1 in ks  # k 2 -> 3 and 1; never the predicted 6 or 4
+    multi, _ = HeuristicAgent(seed=0).propose(ctx(
+        drafters=[spec], batch_sizes=[1, 4], n=50,
+        best_knobs=Knobs(drafter=spec, k=3, k_per_batch={4: 2}).to_dict(), best_k={1: 5, 4: 3}))
+    per = [x.knobs["k_per_batch"] for x in multi if "k_per_batch" in x.knobs]
+    assert per and all(v <= 3 for d in per for v in d.values())
+    # switching to the block drafter from a draft model at k=8 brings k down with it
+    sw, _ = HeuristicAgent(seed=0).propose(ctx(drafters=["draft:/m/d", spec], n=50,
+                                               best_knobs=Knobs(drafter="draft:/m/d", k=8)
+                                               .to_dict()))
+    to_block = [x.knobs for x in sw if x.knobs.get("drafter") == spec]
+    assert to_block == [{"drafter": spec, "k": 3}]
+    assert all(x.knobs.get("k", 0) <= 16 for x in sw)
 
 
 def test_three_way_merge_of_disjoint_edits_and_conflicts():
@@ -140,11 +167,14 @@ def test_kernel_agent_on_cpu_has_nothing_to_tune():
 
 def test_replay_agent_reissues_recorded_proposals(tmp_path):
     tr = Trace(tmp_path / "old")
-    c = Candidate("c007", "llm:openai", {"k": 3}, (Edit(NGRAM, "a", "b"),), "why", ("stock",), 0)
+    table = {"specpilot/kernels/tuned/x.json": '{"device": "x", "entries": {}}'}
+    c = Candidate("c007", "llm:openai", {"k": 3}, (Edit(NGRAM, "a", "b"),), "why", ("stock",), 0,
+                  table)
     tr.append("proposal", "c007", ("stock",), proposal=c.to_dict())
     tr.append("proposal", None, (), agent="llm:openai", note="no candidate")
     agent = ReplayAgent(str(tr.path))
     got, _ = agent.propose(ctx(best_id="c001"))
     assert len(got) == 1 and got[0].knobs == {"k": 3} and got[0].edits == c.edits
+    assert got[0].files == table
     assert got[0].parents == ("c001",) and got[0].agent == "replay:llm:openai"
     assert agent.propose(ctx(round=1))[0] == []

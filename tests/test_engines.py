@@ -66,9 +66,32 @@ def test_build_runs_the_overlay_code(tmp_path):
 
 
 def test_overlay_paths_must_be_package_files(tmp_path):
-    for bad in ("../etc/passwd", "/etc/passwd", "specpilot/nope.py"):
+    for bad in ("../etc/passwd", "/etc/passwd", "specpilot/nope.py", "specpilot/runtime/nope.py",
+                "specpilot/kernels/tuned/../../bench/x.json"):
         with pytest.raises(SpecPilotError):
             build(EngineSpec("d", "x", Knobs(), {bad: "x"}), tmp_path)
+
+
+@pytest.mark.parametrize("harness", ["specpilot/bench/bench.py", "specpilot/forcing/verify.py",
+                                     "specpilot/agents/worker.py", "specpilot/engines.py",
+                                     "specpilot/trace.py"])
+def test_overlay_may_not_touch_the_harness(tmp_path, harness):
+    text = (ROOT / harness).read_text()
+    with pytest.raises(SpecPilotError, match="only change the runtime and its kernels"):
+        build(EngineSpec("d", "x", Knobs(), {harness: text + "\n# patched\n"}), tmp_path)
+
+
+def test_overlay_may_add_a_tuned_kernel_table(tmp_path):
+    path = "specpilot/kernels/tuned/some-new-gpu.json"
+    assert not (ROOT / path).exists()
+    table = json.dumps({"device": "Some New GPU", "entries": {}})
+    spec = EngineSpec("d", "x", Knobs(), {path: table})
+    b = build(spec, tmp_path)
+    assert (b.path / path).read_text() == table
+    assert content_hash(Knobs(), {path: table}) != content_hash(Knobs(), {})
+    with pytest.raises(SpecPilotError):  # only tables directly in tuned/
+        build(EngineSpec("d", "x", Knobs(), {"specpilot/kernels/tuned/a/b.json": "{}"}),
+              tmp_path)
 
 
 def test_promote_and_load(tmp_path):

@@ -13,33 +13,29 @@ from collections import Counter
 
 import pytest
 
-from specpilot.agents.candidate import Candidate, Edit, stock_file
+from specpilot.agents.candidate import Candidate, Edit
 from specpilot.trace import Trace, read_events
-from tests.fixtures.search_env import ensure_ray, write_deployment
+from tests.fixtures.search_env import PRED, indent_of, statement, write_deployment
 
 GEN = "specpilot/runtime/generate.py"
 NGRAM = "specpilot/runtime/drafters/ngram.py"
 
 
-def _line(path: str, *needles: str) -> str:
-    return next(x for x in stock_file(path).splitlines(keepends=True)
-                if all(n in x for n in needles))
-
-
 def bad_and_good_proposals() -> dict[str, Candidate]:
     """Round-0 proposals as an earlier run would have recorded them."""
-    prop = _line(NGRAM, "def propose(")
-    argmax = _line(GEN, "pred", "logits.argmax(-1)")
-    ind = argmax[: len(argmax) - len(argmax.lstrip())]
-    t0 = _line(GEN, "perf_counter")
+    prop = statement(NGRAM, r"def propose\(")
+    body = indent_of(prop) + "    "
+    argmax = statement(GEN, PRED, last=True)
+    ind = indent_of(argmax)
+    t0 = statement(GEN, r"perf_counter\(\)")
     ng = {"drafter": "ngram"}
     c = {
-        "raises": Candidate("", "t", ng, (Edit(NGRAM, prop, prop + "        raise RuntimeError("
-                                               "'candidate bug'\n        )\n"),)),
-        "hangs": Candidate("", "t", ng, (Edit(NGRAM, prop, prop + "        while True:\n"
-                                              "            pass\n"),)),
-        "wrong": Candidate("", "t", ng, (Edit(GEN, argmax, argmax + f"{ind}pred = (pred + 1) % "
-                                              "logits.shape[-1]\n"),)),
+        "raises": Candidate("", "t", ng, (Edit(NGRAM, prop, prop + f"{body}raise RuntimeError("
+                                               "'candidate bug')\n"),)),
+        "hangs": Candidate("", "t", ng, (Edit(NGRAM, prop, prop + f"{body}while True:\n"
+                                              f"{body}    pass\n"),)),
+        "wrong": Candidate("", "t", ng, (Edit(GEN, argmax,
+                                              argmax + f"{ind}pred = (pred + 1) % 5\n"),)),
         "forbidden": Candidate("", "t", {}, (Edit("specpilot/forcing/verify.py", "from", "from"),)),
         "no_apply": Candidate("", "t", {}, (Edit(GEN, "not in the file\n", "x\n"),)),
         "timing": Candidate("", "t", {}, (Edit(GEN, t0, t0.replace("time.perf_counter()",
@@ -54,7 +50,7 @@ def bad_and_good_proposals() -> dict[str, Candidate]:
 @pytest.fixture(scope="module")
 def search_env(tmp_path_factory, qwen3_dir, qwen3_draft_dir):
     tmp = tmp_path_factory.mktemp("search")
-    dep = write_deployment(tmp / "dep", qwen3_dir, qwen3_draft_dir, max_new_tokens=16, k=8)
+    dep = write_deployment(tmp / "dep", qwen3_dir, qwen3_draft_dir, max_new_tokens=12, k=8)
     old = Trace(tmp / "recorded")
     for c in bad_and_good_proposals().values():
         old.append("proposal", c.id, c.parents, proposal=c.to_dict())
@@ -72,18 +68,19 @@ def wait_for(path, pred, timeout: float, proc) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, monkeypatch):
+def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, ray_address,
+                                                             monkeypatch):
     from specpilot.agents.loop import SearchConfig, run_search
 
     tmp, dep, recorded = search_env
     runs = tmp / "runs"
     monkeypatch.setenv("SPECPILOT_RUNS", str(runs))
     monkeypatch.setenv("SPECPILOT_DATA", str(tmp / "data"))
-    address = ensure_ray()
+    address = ray_address
     env = os.environ | {"SPECPILOT_ROOT": str(tmp)}
     cmd = [sys.executable, "-m", "specpilot", "search", "--deployment", str(dep),
            "--agents", "replay", "--replay-from", str(recorded), "--budget", "6",
-           "--workers", "2", "--ray-address", address, "--run-id", "r1", "--repeats", "2",
+           "--workers", "2", "--ray-address", address, "--run-id", "r1", "--repeats", "1",
            "--dev-limit", "4", "--eval-timeout", "20", "--quiet"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     trace = runs / "r1" / "trace.jsonl"
@@ -153,8 +150,8 @@ def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, monkey
     (tmp / "deployments").mkdir(exist_ok=True)
     (tmp / "deployments" / "tinytest.toml").write_text(dep.read_text())
     rep = subprocess.run([sys.executable, "-m", "specpilot", "replay", str(final), "--json",
-                          "--repeats", "2", "--dev-limit", "4"], env=env, capture_output=True, text=True,
-                         check=False, timeout=300)
+                          "--repeats", "1", "--dev-limit", "4"], env=env, capture_output=True,
+                         text=True, check=False, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     out = json.loads(rep.stdout)
     assert out["hash_matches"] and out["verified"]

@@ -2,8 +2,9 @@
 
 A candidate is relative to a *base* (the engine it was proposed against: knobs and
 overlay). `materialize` applies it: knob changes over the base knobs, edits over the base
-overlay (or the stock file when the base does not override it). An edit whose SEARCH text
-is missing or ambiguous raises `PatchError` — the candidate is rejected, never guessed.
+overlay (or the stock file when the base does not override it), then `files` (whole data
+files: the kernel subagent's tuned tables) over that. An edit whose SEARCH text is missing
+or ambiguous raises `PatchError` — the candidate is rejected, never guessed.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..engines import PACKAGE
+from ..engines import PACKAGE, is_tuned_table
 from ..runtime.errors import SpecPilotError
 from ..runtime.knobs import Knobs
 
@@ -36,13 +37,16 @@ class Candidate:
     rationale: str = ""
     parents: tuple[str, ...] = ()
     round: int = 0
+    files: dict = field(default_factory=dict)  # repo path -> whole text (tuned tables only)
 
     def summary(self) -> str:
         parts = [f"{k}={str(v).rsplit('/', 1)[-1] if k == 'drafter' else v}"
                  for k, v in sorted(self.knobs.items())]
-        files = sorted({e.path.rsplit("/", 1)[-1] for e in self.edits})
-        if files:
-            parts.append(f"{len(self.edits)} edit(s) in {', '.join(files)}")
+        names = sorted({e.path.rsplit("/", 1)[-1] for e in self.edits})
+        if names:
+            parts.append(f"{len(self.edits)} edit(s) in {', '.join(names)}")
+        if self.files:
+            parts.append(f"file(s) {', '.join(sorted(p.rsplit('/', 1)[-1] for p in self.files))}")
         return ", ".join(parts) or "(no change)"
 
     def to_dict(self) -> dict:
@@ -57,11 +61,20 @@ class Candidate:
                       for e in d.get("edits", []))
         return cls(id=str(d["id"]), agent=str(d.get("agent", "")), knobs=dict(d.get("knobs", {})),
                    edits=edits, rationale=str(d.get("rationale", "")),
-                   parents=tuple(d.get("parents", ())), round=int(d.get("round", 0)))
+                   parents=tuple(d.get("parents", ())), round=int(d.get("round", 0)),
+                   files={str(p): str(t) for p, t in (d.get("files") or {}).items()})
+
+    @property
+    def paths(self) -> list[str]:
+        """Every repo path the candidate changes."""
+        return sorted({e.path for e in self.edits} | set(self.files))
 
 
 def stock_file(path: str) -> str:
+    """The stock text of a package file ("" for a tuned table the stock package lacks)."""
     f = PACKAGE.parent / path
+    if is_tuned_table(path) and ".." not in Path(path).parts and not f.exists():
+        return ""
     if not path.startswith("specpilot/") or ".." in Path(path).parts or not f.is_file():
         raise PatchError(f"{path}: not a file of the stock specpilot package")
     return f.read_text()
@@ -92,7 +105,16 @@ def materialize(cand: Candidate, base_knobs: Knobs,
                 base_overlay: dict[str, str]) -> tuple[Knobs, dict[str, str]]:
     """(knobs, overlay) of `cand` applied to its base; raises SpecPilotError/PatchError."""
     knobs = base_knobs.with_(**cand.knobs) if cand.knobs else base_knobs
-    return knobs, apply_edits(base_overlay, cand.edits)
+    overlay = apply_edits(base_overlay, cand.edits)
+    for path, text in cand.files.items():
+        if not is_tuned_table(path):
+            raise PatchError(f"{path}: only kernel tables (specpilot/kernels/tuned/*.json) "
+                             "may be given as whole files; use SEARCH/REPLACE edits")
+        if text != stock_file(path):
+            overlay[path] = text
+        else:
+            overlay.pop(path, None)
+    return knobs, overlay
 
 
 @dataclass

@@ -3,18 +3,21 @@
 Edits may only touch the editable runtime and kernel files. Within them, an edit may not
 add or remove code that deals with timing, synchronisation, streams, the process or the
 file system, nor add try/except fallbacks (the known ways to fool a benchmark), and the
-resulting file must still compile.
+resulting file must still compile. A tuned kernel table (`specpilot/kernels/tuned/*.json`,
+data, not code) must parse as a `TunedTable` whose every entry is a valid kernel config.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 
+from ..engines import OVERLAY_DIRS, is_tuned_table
 from .candidate import stock_file
 
 #: repo path prefixes a candidate may edit
-EDITABLE = ("specpilot/runtime/", "specpilot/kernels/")
+EDITABLE = OVERLAY_DIRS
 #: files under EDITABLE that are still off limits (knob parsing, errors, harness glue)
 FORBIDDEN_FILES = ("specpilot/runtime/errors.py", "specpilot/runtime/knobs.py",
                    "specpilot/runtime/tokenizer.py", "specpilot/kernels/tuning.py",
@@ -49,6 +52,8 @@ def changed_lines(old: str, new: str) -> list[str]:
 
 
 def check_path(path: str) -> str | None:
+    if is_tuned_table(path):
+        return None
     if not path.startswith(EDITABLE) or not path.endswith(".py"):
         return f"edits {path}, outside the editable runtime/kernel files"
     if path in FORBIDDEN_FILES:
@@ -63,6 +68,9 @@ def check_overlay(overlay: dict[str, str]) -> list[str]:
         why = check_path(path)
         if why:
             problems.append(why)
+            continue
+        if is_tuned_table(path):
+            problems += check_table(path, overlay[path])
             continue
         try:
             old = stock_file(path)
@@ -80,6 +88,25 @@ def check_overlay(overlay: dict[str, str]) -> list[str]:
         except SyntaxError as e:
             problems.append(f"{path}: does not compile (line {e.lineno}: {e.msg})")
     return problems
+
+
+def check_table(path: str, text: str) -> list[str]:
+    """Why a tuned kernel table is unacceptable (empty when it is a valid table)."""
+    from ..kernels.w12_triton import KernelConfig
+
+    try:
+        d = json.loads(text)
+        if not isinstance(d, dict) or not isinstance(d.get("device"), str) \
+                or not isinstance(d.get("entries"), dict) or set(d) - {"device", "entries"}:
+            return [f"{path}: a tuned table is {{device, entries}} and nothing else"]
+        for key, e in d["entries"].items():
+            if not re.fullmatch(r"(w12|bf16|cublas):\d+x\d+:b\d+", key):
+                raise ValueError(f"bad key {key!r}")
+            KernelConfig.from_dict(e["config"])
+            float(e["median_us"])
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        return [f"{path}: not a valid tuned kernel table ({type(e).__name__}: {str(e)[:80]})"]
+    return []
 
 
 def check_edit_paths(paths) -> list[str]:

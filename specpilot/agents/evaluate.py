@@ -4,22 +4,22 @@
 each request it runs `specpilot.agents.worker` in a fresh process whose PYTHONPATH starts
 with the candidate's build dir, under a time limit; a crash, a hang or an exception there
 is a failed candidate (`EvalResult.ok = False` with the reason), never a failed search.
-The outputs then go through token forcing against the stock runtime (a reference process
-the actor keeps), and the timings are checked against the cost model's physical bound.
+The timing is the bench module's (`run_bench`, per-request times), the comparison its
+paired bootstrap (`bench.stats`). The outputs then go through token forcing against the
+stock runtime (a reference process the actor keeps), and the timings are checked against
+the cost model's physical bound.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
+from ..bench.stats import paired_bootstrap_ratio, throughput
+from ..engines import run_in_build
 
 
 @dataclass
@@ -33,7 +33,7 @@ class EvalRequest:
     knobs: dict  # Knobs.to_dict() with resolved paths
     batch_sizes: list[int]
     max_new_tokens: int
-    prompts: list[list[int]]
+    prompts: list[list[int]]  # the dev prompts to bench (empty: gate outputs only)
     repeats: int = 3
     gate_prompts: list[list[int]] = field(default_factory=list)
     time_limit_s: float = 300.0
@@ -42,6 +42,10 @@ class EvalRequest:
 
 @dataclass
 class EvalResult:
+    """One evaluation. Units are (batch size, dev request) pairs, in request order per
+    batch size; `time_s` is each unit's share of its batch's wall time (median over the
+    repeats), as `run_bench` reports it."""
+
     cid: str
     hash: str
     ok: bool  # ran to completion and produced outputs
@@ -50,27 +54,22 @@ class EvalResult:
     gate_verified: bool | None = None
     verdict: dict = field(default_factory=dict)
     gate_verdict: dict = field(default_factory=dict)
-    times: list[list[float]] = field(default_factory=list)  # [repeat][batch chunk] seconds
-    tokens: list[int] = field(default_factory=list)  # new tokens per chunk
-    steps: list[int] = field(default_factory=list)  # verify steps per chunk
-    chunk_batch: list[int] = field(default_factory=list)  # batch size of each chunk
+    time_s: list[float] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # new tokens per unit
+    steps: list[int] = field(default_factory=list)  # verify steps per unit
+    batch: list[int] = field(default_factory=list)  # batch size of each unit
     accept_hist: list[int] = field(default_factory=list)  # steps that accepted i drafts
     wall_s: float = 0.0
 
     @property
-    def unit_times(self) -> np.ndarray:
-        """Median over repeats of each chunk's time: the unit of the paired bootstrap."""
-        return np.median(np.asarray(self.times, dtype=float), axis=0)
-
-    @property
     def tok_s(self) -> float:
-        return float(sum(self.tokens) / self.unit_times.sum()) if self.times else 0.0
+        return throughput(self.tokens, self.time_s) if self.time_s else 0.0
 
     def tok_s_by_batch(self) -> dict[int, float]:
-        t, out = self.unit_times, {}
-        for b in sorted(set(self.chunk_batch)):
-            idx = [i for i, x in enumerate(self.chunk_batch) if x == b]
-            out[b] = float(sum(self.tokens[i] for i in idx) / t[idx].sum())
+        out = {}
+        for b in sorted(set(self.batch)):
+            idx = [i for i, x in enumerate(self.batch) if x == b]
+            out[b] = throughput([self.tokens[i] for i in idx], [self.time_s[i] for i in idx])
         return out
 
     @property
@@ -89,30 +88,29 @@ class EvalResult:
         names = cls.__dataclass_fields__
         return cls(**{k: v for k, v in d.items() if k in names})
 
+    def add_bench(self, batch: int, result: dict) -> None:
+        """Append the units of one `run_bench` result (one batch size)."""
+        for q in result["requests"]:
+            self.time_s.append(float(q["time_s"]))
+            self.tokens.append(int(q["new_tokens"]))
+            self.steps.append(int(q["verify_steps"]))
+            self.batch.append(int(batch))
 
-def speedup(base: EvalResult, cand: EvalResult, n_boot: int = 2000,
-            seed: int = 0) -> tuple[float, tuple[float, float]]:
-    """Time ratio base/candidate (> 1: candidate faster) and its 95% paired bootstrap CI.
 
-    Units are the batch chunks of the dev set (same prompts in both), each the median of
-    its repeats; resampling chunks keeps the pairing."""
-    b, c = base.unit_times, cand.unit_times
-    if len(b) != len(c) or not len(b):
+def speedup(base: EvalResult, cand: EvalResult, seed: int = 0,
+            n_boot: int = 10_000) -> tuple[float, tuple[float, float]]:
+    """Throughput ratio candidate / base (> 1: candidate faster) and its 95% paired
+    bootstrap CI over the shared units (`bench.stats.paired_bootstrap_ratio`)."""
+    if len(base.time_s) != len(cand.time_s) or not base.time_s:
         raise ValueError("speedup needs two evaluations of the same prompts")
-    ratio = float(b.sum() / c.sum())
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, len(b), size=(n_boot, len(b)))
-    boots = b[idx].sum(1) / c[idx].sum(1)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return ratio, (float(lo), float(hi))
+    ratio, lo, hi = paired_bootstrap_ratio(cand.time_s, base.time_s, cand.tokens, base.tokens,
+                                           n=n_boot, seed=seed)
+    return ratio, (lo, hi)
 
 
 def run_worker(req: EvalRequest, with_gate: bool) -> dict:
     """Run the candidate's worker process; returns its JSON or {'ok': False, 'error': ...}."""
     build = Path(req.build_path)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = str(build)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     payload = asdict(req)
     if not with_gate:
         payload["gate_prompts"] = []
@@ -120,16 +118,13 @@ def run_worker(req: EvalRequest, with_gate: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="specpilot-eval-") as tmp:
         rq, out, log = Path(tmp) / "req.json", Path(tmp) / "out.json", Path(tmp) / "log.txt"
         rq.write_text(json.dumps(payload))
-        with open(log, "w") as logf:
-            proc = subprocess.Popen([sys.executable, "-s", "-m", "specpilot.agents.worker",
-                                     str(rq), str(out)], cwd=build, env=env, stdout=logf,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                rc = proc.wait(timeout=req.time_limit_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                return {"ok": False, "error": f"timed out after {req.time_limit_s:.0f} s (hang)"}
+        # one evaluation slot is one CPU (as Ray gives its actors) unless the knobs set
+        # threads: evaluations in the search and in replay time the same way
+        rc = run_in_build(build, "specpilot.agents.worker", [str(rq), str(out)], log,
+                          req.time_limit_s,
+                          env={"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+        if rc is None:
+            return {"ok": False, "error": f"timed out after {req.time_limit_s:.0f} s (hang)"}
         if out.is_file():
             res = json.loads(out.read_text())
             if res.get("ok"):
@@ -154,6 +149,19 @@ def force(reference, records: list[dict], max_new_tokens: int) -> dict:
             "first_mismatch": str(first)[:300] if first is not None else ""}
 
 
+def dev_records(benches: dict[str, dict]) -> list[dict]:
+    """The distinct (prompt, output) pairs of every batch size's bench: what forcing checks."""
+    seen, out = set(), []
+    for res in benches.values():
+        for q in res["requests"]:
+            key = (tuple(q["prompt_ids"]), tuple(q["output_ids"]))
+            if key not in seen:
+                seen.add(key)
+                out.append({"prompt_ids": q["prompt_ids"], "output_ids": q["output_ids"],
+                            "finish_reason": q["finish_reason"]})
+    return out
+
+
 class EvaluatorCore:
     """One evaluation slot: the stock reference process plus the candidate runs."""
 
@@ -173,24 +181,30 @@ class EvaluatorCore:
             res.reason = raw.get("error", "failed")
             return res
         res.ok = True
-        res.times, res.tokens, res.steps = raw["times"], raw["tokens"], raw["steps"]
-        res.chunk_batch, res.accept_hist = raw["chunk_batch"], raw["accept_hist"]
+        res.accept_hist = raw.get("accept_hist") or []
+        benches = raw.get("bench") or {}
+        for b in req.batch_sizes:
+            if str(b) in benches:
+                res.add_bench(b, benches[str(b)])
         try:
-            res.verdict = force(self.reference, raw["outputs"], req.max_new_tokens)
-            res.verified = res.verdict["passed"]
+            if req.prompts:
+                res.verdict = force(self.reference, dev_records(benches), req.max_new_tokens)
+                res.verified = res.verdict["passed"]
             if with_gate:
                 res.gate_verdict = force(self.reference, raw["gate_outputs"], req.max_new_tokens)
                 res.gate_verified = res.gate_verdict["passed"]
         except Exception as e:  # noqa: BLE001 - a verifier error rejects, never crashes
             res.verified, res.reason = False, f"token forcing failed: {str(e)[:200]}"
             return res
-        if not raw.get("stable", True):
+        stable = all(r["totals"].get("outputs_stable", True) for r in benches.values())
+        dev = bool(req.prompts)
+        if dev and not stable:
             res.reason = "outputs differ between repeats (nondeterministic)"
-        elif not res.verified:
+        elif dev and not res.verified:
             res.reason = f"not lossless: {res.verdict.get('first_mismatch', '')[:200]}"
         elif with_gate and not res.gate_verified:
             res.reason = "not lossless on the gate set"
-        elif req.min_s_per_token > 0 and res.tok_s > 1.0 / req.min_s_per_token:
+        elif dev and req.min_s_per_token > 0 and res.tok_s > 1.0 / req.min_s_per_token:
             res.reason = (f"{res.tok_s:.1f} tok/s beats the physical bound "
                           f"{1.0 / req.min_s_per_token:.1f} tok/s: measurement error")
         res.wall_s = time.time() - t0

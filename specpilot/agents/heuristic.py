@@ -3,9 +3,10 @@
 Each round it proposes single-knob moves away from the current best engine: the other
 drafters the deployment allows, the cost model's predicted best k and k +- 1/2 (per batch
 size when the deployment has several), n-gram sizes for the n-gram drafter and the thread
-count on CPU. Moves already tried (same resulting knobs) are skipped; the order puts the
-cost model's suggestions and the largest gaps first, then a seeded shuffle. Same inputs
-and seed, same proposals.
+count on CPU. k never goes above what the drafter can propose (a block drafter's
+block_size - 1, from its config.json): such moves would only fail. Moves already tried
+(same resulting knobs) are skipped; the order puts the cost model's suggestions and the
+largest gaps first, then a seeded shuffle. Same inputs and seed, same proposals.
 """
 
 from __future__ import annotations
@@ -13,8 +14,26 @@ from __future__ import annotations
 import json
 import os
 import random
+from pathlib import Path
 
+from ..deployment import ROOT
 from .candidate import Candidate, ProposalContext
+
+K_MAX = 16  # the largest k the heuristic tries for drafters without a limit of their own
+
+
+def k_limit(drafter: str | None) -> int:
+    """The most drafts per step `drafter` can propose: block_size - 1 for a block drafter
+    (read from its config.json), else K_MAX."""
+    if not drafter or not drafter.startswith("block:"):
+        return K_MAX
+    path = Path(drafter.partition(":")[2])
+    path = path if path.is_absolute() else ROOT / path
+    try:
+        return max(1, min(K_MAX, int(json.loads((path / "config.json").read_text())
+                                     ["block_size"]) - 1))
+    except (OSError, ValueError, KeyError, TypeError):
+        return K_MAX
 
 
 def _key(knobs: dict) -> str:
@@ -26,19 +45,26 @@ def moves(ctx: ProposalContext) -> list[tuple[int, dict, str]]:
     best = ctx.best_knobs
     out: list[tuple[int, dict, str]] = []
     gap_names = " ".join(str(g.get("name", "")) for g in ctx.gaps[:3]).lower()
-    for spec in [*ctx.drafters, "ngram"]:
+    k = int(best.get("k", 4))
+    per = {int(b): int(v) for b, v in (best.get("k_per_batch") or {}).items()}
+    for spec in dict.fromkeys([*ctx.drafters, "ngram"]):
         if spec != best.get("drafter"):
-            out.append((1, {"drafter": spec}, f"try drafter {spec.rsplit('/', 1)[-1]}"))
+            change: dict = {"drafter": spec}
+            top = k_limit(spec)
+            if k > top:
+                change["k"] = top
+            if any(v > top for v in per.values()):
+                change["k_per_batch"] = {b: min(v, top) for b, v in per.items()}
+            out.append((1, change, f"try drafter {spec.rsplit('/', 1)[-1]}"))
     if best.get("drafter"):
-        k = int(best.get("k", 4))
-        per = {int(b): int(v) for b, v in (best.get("k_per_batch") or {}).items()}
+        top = k_limit(best.get("drafter"))
         for b in ctx.batch_sizes:
             cur = per.get(b, k)
             pred = ctx.best_k.get(b)
             cands = [(0, pred, "the cost model's predicted best k")] if pred else []
             cands += [(2, cur + d, f"k {cur}->{cur + d}") for d in (1, -1, 2, -2)]
             for prio, newk, why in cands:
-                if newk is None or not 1 <= newk <= 16 or newk == cur:
+                if newk is None or not 1 <= newk <= top or newk == cur:
                     continue
                 if len(ctx.batch_sizes) == 1:
                     out.append((prio, {"k": newk}, why))

@@ -114,7 +114,7 @@ class Search:
             cid=cid, hash=spec.hash, build_path=str(b.path), target=self.dep.target,
             device=self.dep.device, dtype=self.dep.dtype, knobs=spec.knobs.to_dict(),
             batch_sizes=list(self.dep.batch_sizes), max_new_tokens=self.dep.max_new_tokens,
-            prompts=self.dev, repeats=1 if gate else self.cfg.repeats,
+            prompts=[] if gate else self.dev, repeats=self.cfg.repeats,
             gate_prompts=self.gate_prompts if gate else [], time_limit_s=self.limit_s,
             min_s_per_token=self.bound)
 
@@ -214,7 +214,7 @@ class Search:
             else self.st.specs[self.st.best]
         rec = {"round": c.round, "agent": c.agent, "summary": c.summary(), "rationale": c.rationale,
                    "proposal": c.to_dict()}
-        why = check_edit_paths([e.path for e in c.edits])
+        why = check_edit_paths(c.paths)
         spec = None
         if not why:
             try:
@@ -328,17 +328,19 @@ class Search:
             ar = EngineSpec(dep.name, "ar", dep.knobs.with_(drafter=None), run_id=self.run_id)
             for s in (stock, ar):
                 self.st.specs[s.name], self.st.ids[s.name] = s, s.hash
-            self.evaluate([("stock", stock)])
+            # with a given time limit ar and stock run side by side; else stock's wall
+            # time sets the limit of every later evaluation, ar included
+            self.evaluate([("stock", stock)] + ([("ar", ar)] if cfg.eval_time_limit_s else []))
             sres = self.st.results[stock.hash]
             if not sres.accepted:
                 raise SpecPilotError(f"the stock engine fails its own evaluation: {sres.reason}")
             if not cfg.eval_time_limit_s:
                 self.limit_s = max(60.0, 10 * sres.wall_s)
-            self.evaluate([("ar", ar)])
+                self.evaluate([("ar", ar)])
             measured = {"stock_tok_s": sres.tok_s, "ar_tok_s": self.st.results[ar.hash].tok_s,
                         "stock_accept_length": sres.accept_length,
                         "stock_accept_hist": sres.accept_hist,
-                        "stock_steps": sum(sres.steps), "stock_s": float(sres.unit_times.sum()),
+                        "stock_steps": sum(sres.steps), "stock_s": float(sum(sres.time_s)),
                         "stock_tokens": sum(sres.tokens),
                         "stock_tok_s_by_batch": sres.tok_s_by_batch(),
                         "ar_tok_s_by_batch": self.st.results[ar.hash].tok_s_by_batch()}

@@ -56,10 +56,12 @@ def finish(search) -> dict:
     if st.best in ranked:
         ranked.remove(st.best)
         ranked.insert(0, st.best)
-    search.evaluate([("stock", st.specs["stock"]), ("ar", st.specs["ar"])], gate=True)
+    # the front runner's gate check runs beside stock's and ar's; the others only if needed
+    first = [(cid, st.specs[cid]) for cid in ranked[:1]]
+    search.evaluate([("stock", st.specs["stock"]), ("ar", st.specs["ar"]), *first], gate=True)
     final = "stock"
     for cid in ranked:
-        search.evaluate([(cid, st.specs[cid])], gate=True)
+        search.evaluate([(cid, st.specs[cid])], gate=True)  # cached for the front runner
         g = st.gate[st.specs[cid].hash]
         if g.ok and g.gate_verified and not g.reason:
             final = cid

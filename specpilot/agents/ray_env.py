@@ -49,7 +49,7 @@ def make_agent(kind: str, cfg, dep):
     if kind == "kernel":
         from .kernel import KernelAgent
 
-        return KernelAgent(dep.dtype)
+        return KernelAgent(dep.dtype, target=dep.target, gpu=dep.gpu or "")
     raise SpecPilotError(f"unknown agent {kind!r}: use heuristic, llm, replay or kernel")
 
 
@@ -58,8 +58,13 @@ def agent_actor(kind: str, cfg, dep):
     import ray
 
     make_agent(kind, cfg, dep)  # fail here, with a clear error, not inside the actor
+    opts: dict = {"num_cpus": 0}
+    if kind == "kernel" and dep.device == "cuda":
+        # the kernel subagent times kernels between rounds, while no evaluation runs: it
+        # sees the GPUs without holding one (a held one would starve the evaluators)
+        opts["runtime_env"] = {"env_vars": {"RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1"}}
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(**opts)
     class AgentHost:
         def __init__(self, kind, cfg, dep):
             self.agent = make_agent(kind, cfg, dep)

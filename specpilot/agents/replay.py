@@ -36,6 +36,7 @@ class ReplayAgent:
 
     def propose(self, ctx: ProposalContext) -> tuple[list[Candidate], list[dict]]:
         out = [Candidate(id="", agent=f"replay:{c.agent}", knobs=c.knobs, edits=c.edits,
-                         rationale=c.rationale, parents=(ctx.best_id,), round=ctx.round)
+                         rationale=c.rationale, parents=(ctx.best_id,), round=ctx.round,
+                         files=dict(c.files))
                for c in self.rounds.get(ctx.round, [])]
         return out, [{"agent": self.name, "source": self.source, "candidates": len(out)}]

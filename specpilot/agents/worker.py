@@ -1,11 +1,11 @@
 """The candidate side of an evaluation: `python -m specpilot.agents.worker REQ.json OUT.json`.
 
-Started with a build dir first on PYTHONPATH, so `specpilot.runtime` here is the
-candidate's code. It builds the engine, warms it up, generates the dev prompts `repeats`
-times (timing each batch with a wall clock around the whole `generate` call, the device
-synchronised on both sides) and, when asked, the gate prompts once; then writes every
-output and timing as JSON. It never judges anything: the parent, running stock code,
-verifies the outputs.
+Started with a build dir first on PYTHONPATH, so `specpilot.runtime` (and the bench code
+it imports) is the candidate's copy. It times nothing itself: it builds the bench's
+`LocalRunner` and calls `run_bench` once per batch size of the deployment (a warm-up
+batch, then `repeats` passes with per-request timings), then, when asked, generates the
+gate prompts once. It writes the bench results and gate outputs as JSON and never judges
+anything: the parent, running stock code, verifies the outputs and compares the timings.
 """
 
 from __future__ import annotations
@@ -16,73 +16,60 @@ import time
 from pathlib import Path
 
 
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        import torch
+def count_accepts(runner) -> list[int]:
+    """A histogram (steps that accepted i drafts) fed by every generate call of `runner`'s
+    engine from now on; the runner's own timing is untouched."""
+    hist: list[int] = []
+    engine = runner.engine
+    generate = engine.generate
 
-        torch.cuda.synchronize()
-
-
-def _generate(engine, prompts, batch, max_new_tokens, device, hist=None):
-    outs, times, steps, tokens = [], [], [], []
-    for i in range(0, len(prompts), batch):
-        chunk = prompts[i:i + batch]
-        _sync(device)
-        t0 = time.perf_counter()
-        gens = engine.generate(chunk, max_new_tokens=max_new_tokens)
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-        outs += [{"prompt_ids": g.prompt_ids, "output_ids": g.output_ids,
-                  "finish_reason": g.finish_reason} for g in gens]
-        steps.append(sum(g.metrics.verify_steps for g in gens))
-        for g in gens if hist is not None else ():
-            h = g.metrics.accept_hist
+    def counted(*args, **kwargs):
+        gens = generate(*args, **kwargs)
+        for g in gens:
+            h = g.metrics.accept_hist or []
             hist.extend([0] * (len(h) - len(hist)))
             for i, c in enumerate(h):
                 hist[i] += c
-        tokens.append(sum(len(g.output_ids) for g in gens))
-    return outs, times, steps, tokens
+        return gens
+
+    engine.generate = counted
+    return hist
+
+
+def outputs(runner, prompts: list[list[int]], batch: int, max_new_tokens: int) -> list[dict]:
+    """Untimed generation of `prompts` in batches: records for token forcing."""
+    out = []
+    for s in range(0, len(prompts), batch):
+        chunk = prompts[s:s + batch]
+        for p, r in zip(chunk, runner.generate(chunk, max_new_tokens)):
+            out.append({"prompt_ids": p, "output_ids": r["output_ids"],
+                        "finish_reason": r["finish_reason"]})
+    return out
 
 
 def run(req: dict) -> dict:
     import specpilot
-    from specpilot.runtime.factory import build_engine
+    from specpilot.bench.bench import PromptSet, run_bench
+    from specpilot.bench.runners import LocalRunner
     from specpilot.runtime.knobs import Knobs
 
     pkg = str(Path(specpilot.__file__).resolve().parent)
     want = req.get("package")
     if want and Path(want).resolve() != Path(pkg):
         return {"ok": False, "error": f"imported specpilot from {pkg}, not the build {want}"}
-    knobs = Knobs.from_dict(req["knobs"])
-    batches, device = [int(b) for b in req["batch_sizes"]], req["device"]
-    engine, _ = build_engine(req["target"], knobs, device, req["dtype"], batches[0])
-    prompts, mnt = req["prompts"], int(req["max_new_tokens"])
-    engines = {}
-    for b in batches:  # one engine per batch size: k may differ (k_per_batch)
-        engines[b] = engine if b == batches[0] else type(engine)(
-            engine.target, engine.drafter, knobs.k_for(b) if engine.drafter else 0,
-            engine.eos_ids)
-        _generate(engines[b], prompts[:b], b, min(mnt, 8), device)  # warm-up
-    reps, hist, chunk_batch = [], [], []
-    for r in range(int(req["repeats"])):
-        rep = {"outputs": [], "times": [], "steps": [], "tokens": []}
+    batches, mnt = [int(b) for b in req["batch_sizes"]], int(req["max_new_tokens"])
+    runner = LocalRunner(req["target"], Knobs.from_dict(req["knobs"]), req["device"],
+                         req["dtype"])
+    hist = count_accepts(runner)
+    res: dict = {"ok": True, "package": pkg, "bench": {}, "accept_hist": hist}
+    if req["prompts"]:
+        dev = PromptSet("dev", "", [{"id": str(i), "prompt_ids": p}
+                                    for i, p in enumerate(req["prompts"])])
         for b in batches:
-            outs, times, steps, tokens = _generate(engines[b], prompts, b, mnt, device,
-                                                   hist if r == 0 else None)
-            for key, val in zip(("outputs", "times", "steps", "tokens"),
-                                (outs, times, steps, tokens)):
-                rep[key] += val
-            if r == 0:
-                chunk_batch += [b] * len(times)
-        reps.append(rep)
-    first = reps[0]["outputs"]
-    stable = all(r["outputs"] == first for r in reps[1:])
-    res = {"ok": True, "package": pkg, "outputs": first, "stable": stable,
-           "times": [r["times"] for r in reps], "steps": reps[0]["steps"],
-           "tokens": reps[0]["tokens"], "chunk_batch": chunk_batch, "accept_hist": hist}
+            res["bench"][str(b)] = run_bench(runner, dev, None, b, mnt,
+                                             repeats=int(req["repeats"]))
     if req.get("gate_prompts"):
-        b = batches[-1]
-        res["gate_outputs"] = _generate(engines[b], req["gate_prompts"], b, mnt, device)[0]
+        res["gate_outputs"] = outputs(runner, req["gate_prompts"], batches[-1], mnt)
     return res
 
 

@@ -189,11 +189,14 @@ class TunedTable:
         hit = self.entries.get(_key(kernel, n, k, b)) if b else None
         return hit["median_us"] if hit else None
 
+    def to_json(self) -> str:
+        return json.dumps({"device": self.device, "entries": self.entries}, indent=1,
+                          sort_keys=True)
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"device": self.device, "entries": self.entries}, indent=1,
-                                   sort_keys=True))
+        path.write_text(self.to_json())
         return path
 
     @classmethod
@@ -216,3 +219,76 @@ def load_table(device_name: str, data_dir: str | Path | None = None) -> TunedTab
         if path.is_file():
             return TunedTable.load(path)
     return TunedTable(device=device_name)
+
+
+def linear_problems(w: torch.Tensor, batch: int, rotations: int = 1,
+                    f32_dot: bool = False) -> dict[str, Problem]:
+    """The problems of one linear layer y = x @ w.T (w bf16 [N, K]) for `tune`: "cublas"
+    (torch.mm), "bf16" (the Triton bf16 kernel) and "w12" (the fused W12 kernel). Each call
+    cycles through `rotations` copies of the weights (enough to stream past the L2 on a
+    GPU). On a GPU activations are bf16; elsewhere (TRITON_INTERPRET=1) they are fp32 and
+    the dense weights too, since the interpreter mishandles bf16."""
+    from . import w12 as fmt
+    from .gemv_bf16 import bf16_matmul
+    from .w12_triton import w12_matmul
+
+    n, k = w.shape
+    dense = w if w.is_cuda else w.float()
+    packed = fmt.pack(w)
+    ws = [dense] + [dense.clone() for _ in range(rotations - 1)]
+    ps = [packed] + [fmt.W12Weight(n, k, **{f: t.clone() for f, t in packed.tensors().items()})
+                     for _ in range(rotations - 1)]
+    act = batch * (k + n) * 2
+    turn = {"i": 0}
+
+    def nxt(seq):
+        turn["i"] = (turn["i"] + 1) % len(seq)
+        return seq[turn["i"]]
+
+    def make_x(seed: int) -> torch.Tensor:
+        g = torch.Generator(device=w.device).manual_seed(1000 + seed)
+        x = torch.randn(batch, k, device=w.device, generator=g)
+        return x.to(torch.bfloat16) if w.is_cuda else x
+
+    ref_w = w.float()
+
+    def ref(x: torch.Tensor) -> torch.Tensor:
+        return x.float() @ ref_w.T
+
+    return {
+        "cublas": Problem("cublas", n, k, batch, n * k * 2 + act, rotations, make_x,
+                          lambda c, x, o: torch.mm(x, nxt(ws).T, out=o), ref,
+                          first=lambda c, x, o: torch.mm(x, ws[0].T, out=o)),
+        "bf16": Problem("bf16", n, k, batch, n * k * 2 + act, rotations, make_x,
+                        lambda c, x, o: bf16_matmul(x, nxt(ws), c, out=o, f32_dot=f32_dot), ref,
+                        first=lambda c, x, o: bf16_matmul(x, ws[0], c, out=o, f32_dot=f32_dot)),
+        "w12": Problem("w12", n, k, batch, packed.nbytes + act, rotations, make_x,
+                       lambda c, x, o: w12_matmul(x, nxt(ps), c, out=o, f32_dot=f32_dot), ref,
+                       first=lambda c, x, o: w12_matmul(x, ps[0], c, out=o, f32_dot=f32_dot)),
+    }
+
+
+def graph_timer(fn: Callable[[], object], rotations: int, reps: int = 25) -> list[float]:
+    """A CUDA `Timer`: `rotations` calls captured in one CUDA graph, the graph replayed
+    `reps` times between events; microseconds per call, one value per replay."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (and compile) outside the capture
+        for _ in range(rotations):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rotations):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        t0.record()
+        graph.replay()
+        t1.record()
+        t1.synchronize()
+        out.append(t0.elapsed_time(t1) * 1e3 / rotations)
+    return out
