@@ -74,7 +74,11 @@ class EvalResult:
 
     @property
     def accept_length(self) -> float:
-        return float(sum(self.tokens) / max(1, sum(self.steps))) if self.steps else 0.0
+        """Tokens committed by verify steps / verify steps, as the runtime's metric: each
+        request's first token comes from prefill, not from a verify step."""
+        if not self.steps:
+            return 0.0
+        return float((sum(self.tokens) - len(self.tokens)) / max(1, sum(self.steps)))
 
     @property
     def accepted(self) -> bool:
