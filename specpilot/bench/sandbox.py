@@ -124,6 +124,9 @@ def run_python(code: str, timeout: float = 10.0, memory_mb: int = 512, cpu_s: in
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
         rc = proc.returncode
+        # The CPU-time limit (SIGXCPU, then SIGKILL at the hard limit) is a time-out too: on
+        # an idle machine a busy loop reaches it about when the wall clock does.
+        timed_out = timed_out or rc in (-signal.SIGXCPU, -signal.SIGKILL)
         return SandboxResult(ok=rc == 0 and not timed_out, returncode=rc, timed_out=timed_out,
                              stdout=out[-4000:], stderr=err[-4000:],
                              isolation="netns+audit" if netns else "audit")
