@@ -24,9 +24,18 @@ import torch.nn.functional as F
 
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.gemv_bf16 import bf16_matmul
-from specpilot.kernels.tuning import (READ_BOUND_TBPS, Problem, TunedTable,
-                                      best, bucket, candidate_configs, default_config,
-                                      device_slug, tune)
+from specpilot.kernels.tuning import (
+    READ_BOUND_TBPS,
+    Problem,
+    TunedTable,
+    best,
+    bucket,
+    candidate_configs,
+    default_config,
+    device_slug,
+    graph_timer,
+    tune,
+)
 from specpilot.kernels.w12_triton import KernelConfig, w12_matmul, w12_unpack
 
 SHAPES = {  # (N, K) of y = x @ W.T, from shared/measurements/h200_baseline.py
@@ -44,32 +53,6 @@ def llm_like(n: int, k: int, seed: int) -> torch.Tensor:
     mask = torch.rand(n, k, device="cuda", generator=g) < 1e-4
     w = torch.where(mask, w * torch.empty_like(w).exponential_(0.1, generator=g), w)
     return w.to(torch.bfloat16)
-
-
-def graph_timer(fn, rotations: int, reps: int = 25) -> list[float]:
-    """Microseconds per call: `rotations` calls captured in one CUDA graph, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(rotations):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(rotations):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3 / rotations)
-    del g
-    return out
 
 
 def make_problems(n: int, k: int, batch: int, w_bf16: list[torch.Tensor],
