@@ -342,12 +342,13 @@ class ServerHandle:
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A bound socket (port 0: any free port), or a one-line error if it is taken."""
+    """A listening socket (port 0: any free port), or a one-line error if it is taken."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # clients queue from now on, even before uvicorn accepts
     except OSError as e:
         sock.close()
         raise SpecPilotError(f"cannot listen on {host}:{port} ({e.strerror}): pick another "
