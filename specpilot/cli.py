@@ -185,13 +185,14 @@ def search(
 def replay(
     engine_dir: str = typer.Argument(..., help="engines/DEPLOYMENT/NAME"),
     json_out: bool = typer.Option(False, "--json", help="print the result as JSON"),
-    repeats: int = typer.Option(2, help="timed repeats of the dev set"),
+    rounds: int = typer.Option(2, help="timed rounds of the dev set (interleaved engines)"),
     dev_limit: int = typer.Option(8, help="dev (and gate) prompts"),
 ) -> None:
-    """Rebuild an engine, check its hash, verify it on dev and gate, bench vs stock and ar."""
+    """Rebuild an engine, check its hash, verify it on dev and gate, time it interleaved
+    with stock and ar."""
     from .agents.search_cli import replay_command
 
-    raise typer.Exit(replay_command(engine_dir, json_out, repeats, dev_limit))
+    raise typer.Exit(replay_command(engine_dir, json_out, rounds, dev_limit))
 
 
 runs_app = typer.Typer(no_args_is_help=True, help="Search runs: list, show, report.")

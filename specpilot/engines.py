@@ -159,19 +159,24 @@ def build(spec: EngineSpec, root: Path | None = None) -> Build:
     return Build(dest, digest)
 
 
+def build_env(build_path: Path, env: dict | None = None) -> dict:
+    """This process's environment with only `build_path` on PYTHONPATH (plus `env`)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
+    env["PYTHONPATH"] = str(build_path)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
 def run_in_build(build_path: Path, module: str, args: list[str], log: Path,
                  time_limit_s: float | None = None, env: dict | None = None) -> int | None:
     """Run `python -m module args` with only `build_path` on PYTHONPATH (so the engine's
     code, not the stock package, is imported), output to `log`, in a session of its own;
     its exit code, or None when it ran past `time_limit_s` (its whole group is killed).
     `env` adds to (or overrides) this process's environment."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (env or {})
-    env["PYTHONPATH"] = str(build_path)
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
     with open(log, "w") as logf:
         proc = subprocess.Popen([sys.executable, "-s", "-m", module, *args], cwd=build_path,
-                                env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                env=build_env(build_path, env), stdout=logf,
+                                stderr=subprocess.STDOUT, start_new_session=True)
         try:
             return proc.wait(timeout=time_limit_s)
         except subprocess.TimeoutExpired:
@@ -271,12 +276,14 @@ def load_engine(path: str | Path) -> LoadedEngine:
 
 # --- replay ----------------------------------------------------------------------------
 
-def replay(path: str | Path, repeats: int = 2, dev_limit: int | None = 8,
+def replay(path: str | Path, rounds: int = 2, dev_limit: int | None = 8,
            gate_limit: int | None = 8, time_limit_s: float = 600.0) -> dict:
-    """Rebuild a shipped engine, check its hash, verify it on dev and gate, bench it
-    against the deployment's stock and ar engines in the same run."""
-    from .agents.evaluate import EvalRequest, EvaluatorCore, speedup
+    """Rebuild a shipped engine, check its hash, verify it on dev and gate, and time it
+    against the deployment's stock and ar engines in the same run, interleaved chunk by
+    chunk as the search's confirmation does (`agents.interleave`)."""
+    from .agents.evaluate import EvalRequest, EvaluatorCore, force, rejection, speedup
     from .agents.inputs import load_prompts
+    from .agents.interleave import Entrant, interleaved
     from .deployment import load_deployment
     from .runtime.tokenizer import Tokenizer
 
@@ -288,30 +295,39 @@ def replay(path: str | Path, repeats: int = 2, dev_limit: int | None = 8,
     specs = {"engine": eng.spec,
              "stock": EngineSpec(dep.name, "stock", dep.stock_knobs()),
              "ar": EngineSpec(dep.name, "ar", dep.knobs.with_(drafter=None))}
+    builds = {name: build(spec) for name, spec in specs.items()}
+    timed = interleaved([Entrant(n, s.hash, str(builds[n].path), s.knobs.to_dict())
+                         for n, s in specs.items()], dep.target, dep.device, dep.dtype, dev,
+                        list(dep.batch_sizes), dep.max_new_tokens, rounds=rounds,
+                        limit_s=time_limit_s)
+    r = timed["engine"].result
     core = EvaluatorCore(dep.target, dep.device, dep.dtype)
-    results = {}
     try:
-        for name, spec in specs.items():
-            b = build(spec)
-            req = EvalRequest(cid=name, hash=spec.hash, build_path=str(b.path),
-                              target=dep.target, device=dep.device, dtype=dep.dtype,
-                              knobs=spec.knobs.to_dict(), batch_sizes=list(dep.batch_sizes),
-                              max_new_tokens=dep.max_new_tokens, prompts=dev, repeats=repeats,
+        if r.ok:
+            r.verdict = force(core.reference, timed["engine"].records, dep.max_new_tokens)
+            r.verified = r.verdict["passed"]
+            req = EvalRequest(cid="engine", hash=eng.spec.hash,
+                              build_path=str(builds["engine"].path), target=dep.target,
+                              device=dep.device, dtype=dep.dtype,
+                              knobs=eng.spec.knobs.to_dict(), batch_sizes=list(dep.batch_sizes),
+                              max_new_tokens=dep.max_new_tokens, prompts=[],
                               gate_prompts=gate, time_limit_s=time_limit_s)
-            results[name] = core.evaluate(req, with_gate=(name == "engine"))
+            g = core.evaluate(req, with_gate=True)
+            r.gate_verdict, r.gate_verified = g.gate_verdict, g.gate_verified
+            r.reason = g.reason if not g.ok else rejection(r, timed["engine"].stable, True, True)
     finally:
         core.close()
-    r = results["engine"]
     out = {"engine": str(eng.path), "deployment": dep.name, "hash": eng.spec.hash,
            "recorded_hash": eng.recorded_hash, "hash_matches": eng.hash_matches,
            "verified": bool(r.ok and r.verified and r.gate_verified and not r.reason),
            "dev_verdict": r.verdict, "gate_verdict": r.gate_verdict, "reason": r.reason,
-           "tok_s": r.tok_s, "accept_length": r.accept_length}
+           "tok_s": r.tok_s, "accept_length": r.accept_length,
+           "measured": f"interleaved with stock and ar, chunk by chunk, {rounds} rounds"}
     for ref in ("stock", "ar"):
-        base = results[ref]
+        base = timed[ref].result
         if r.ok and base.ok:
             ratio, ci = speedup(base, r)
-            out[f"speedup_vs_{ref}"] = {"ratio": ratio, "ci95": list(ci)}
+            out[f"speedup_vs_{ref}"] = {"ratio": ratio, "ci95": list(ci), "tok_s": base.tok_s}
         else:
             out[f"speedup_vs_{ref}"] = {"ratio": None, "ci95": None,
                                         "reason": base.reason or r.reason}

@@ -19,8 +19,8 @@ from pathlib import Path
 from .deployment import ROOT
 from .runtime.errors import SpecPilotError
 
-EVENTS = ("run_started", "gaps", "proposal", "build", "bench", "verify", "merge", "promote",
-          "run_finished")
+EVENTS = ("run_started", "gaps", "proposal", "build", "bench", "verify", "merge", "confirm",
+          "promote", "run_finished")
 _SECRET = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|(?i:bearer)\s+\S{8,})")
 _SECRET_KEYS = ("api_key", "apikey", "authorization", "x-api-key")
 
@@ -162,6 +162,15 @@ def candidate_table(events: list[dict]) -> dict[str, dict]:
     return rows
 
 
+def confirmations(events: list[dict]) -> list[dict]:
+    """The confirmation rows (stock, ar and the front runners, timed interleaved)."""
+    return [e for e in events if e["event"] == "confirm"]
+
+
+def _speed(sp, ci) -> str:
+    return f"{sp:.2f} [{ci[0]:.2f},{ci[1]:.2f}]" if sp and ci else "-"
+
+
 def summarize(run_dir: Path) -> RunSummary:
     ev = read_events(run_dir / "trace.jsonl")
     start = next((e for e in ev if e["event"] == "run_started"), {})
@@ -210,9 +219,19 @@ def show_run(run_id: str, console=None) -> None:
         t.add_row(r["id"], str(r.get("agent", "")), str(r.get("summary", ""))[:60],
                   f"{r['tok_s']:.1f}" if r.get("tok_s") else "-",
                   f"{r['accept_length']:.2f}" if r.get("accept_length") else "-",
-                  f"{sp:.2f} [{ci[0]:.2f},{ci[1]:.2f}]" if sp and ci else "-",
-                  str(r.get("status", "")), str(r.get("reason", ""))[:80])
+                  _speed(sp, ci), str(r.get("status", "")), str(r.get("reason", ""))[:80])
     console.print(t)
+    conf = confirmations(ev)
+    if conf:
+        t = Table(title="confirmation (interleaved with stock and ar, Ray stopped)")
+        for c in ("id", "tok/s", "accept", "vs stock [CI95]", "verified", "why"):
+            t.add_column(c)
+        for e in conf:
+            t.add_row(e["candidate"], f"{e.get('tok_s') or 0:.1f}",
+                      f"{e.get('accept_length') or 0:.2f}",
+                      _speed(e.get("speedup_vs_stock"), e.get("ci95")),
+                      "yes" if e.get("passed") else "no", str(e.get("reason", ""))[:80])
+        console.print(t)
     lin = tr.dir / "lineage.json"
     if lin.is_file():
         d = json.loads(lin.read_text())

@@ -120,7 +120,7 @@ SHIPPED = ROOT / "engines" / "tiny-cpu" / "final"
 def test_replay_of_the_shipped_tiny_cpu_engine():
     from specpilot.engines import replay
 
-    res = replay(SHIPPED, repeats=2, dev_limit=6, gate_limit=6)
+    res = replay(SHIPPED, rounds=2, dev_limit=6, gate_limit=6)
     assert res["hash_matches"], "the shipped engine's hash no longer matches its files"
     assert res["verified"], res["reason"]
     # Speed is a benchmark's claim (docs/BENCHMARKS.md: replay 1.85x vs stock), not a unit

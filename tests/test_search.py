@@ -139,6 +139,13 @@ def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, ray_ad
     res = json.loads((final / "results.json").read_text())
     assert res["gate"]["verified"] and "ci95" in res["speedup_vs_ar"]
     assert ev[-1]["event"] == "run_finished" and ev[-1]["best"] == by_agent["good"]
+    # the shipped numbers come from the confirmation: stock, ar and the final re-timed
+    # side by side after Ray stopped, outputs token-forced again
+    conf = {e["candidate"]: e for e in ev if e["event"] == "confirm"}
+    assert {"stock", "ar", by_agent["good"]} <= set(conf)
+    assert all(c["passed"] and not c["reason"] for c in conf.values())
+    assert res["measured"]["how"].startswith("interleaved")
+    assert res["speedup_vs_stock"]["ci95"] == conf[by_agent["good"]]["ci95"]
     assert (runs / "r1" / "lineage.json").is_file()
     assert (runs / "r1" / "candidates" / by_agent["good"] / "candidate.json").is_file()
     # gate results never reach a proposer: only the final checks see the gate set
@@ -150,7 +157,7 @@ def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, ray_ad
     (tmp / "deployments").mkdir(exist_ok=True)
     (tmp / "deployments" / "tinytest.toml").write_text(dep.read_text())
     rep = subprocess.run([sys.executable, "-m", "specpilot", "replay", str(final), "--json",
-                          "--repeats", "1", "--dev-limit", "4"], env=env, capture_output=True,
+                          "--rounds", "1", "--dev-limit", "4"], env=env, capture_output=True,
                          text=True, check=False, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
     out = json.loads(rep.stdout)

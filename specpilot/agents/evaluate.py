@@ -166,6 +166,22 @@ def dev_records(benches: dict[str, dict]) -> list[dict]:
     return out
 
 
+def rejection(res: EvalResult, stable: bool, dev: bool, gate: bool,
+              min_s_per_token: float = 0.0) -> str:
+    """Why a run that produced outputs is rejected ("" when it is not): nondeterminism,
+    a token forcing failure on dev or gate, or a speed beyond the physical bound."""
+    if dev and not stable:
+        return "outputs differ between repeats (nondeterministic)"
+    if dev and not res.verified:
+        return f"not lossless: {res.verdict.get('first_mismatch', '')[:200]}"
+    if gate and not res.gate_verified:
+        return "not lossless on the gate set"
+    if dev and min_s_per_token > 0 and res.tok_s > 1.0 / min_s_per_token:
+        return (f"{res.tok_s:.1f} tok/s beats the physical bound "
+                f"{1.0 / min_s_per_token:.1f} tok/s: measurement error")
+    return ""
+
+
 class EvaluatorCore:
     """One evaluation slot: the stock reference process plus the candidate runs."""
 
@@ -201,16 +217,7 @@ class EvaluatorCore:
             res.verified, res.reason = False, f"token forcing failed: {str(e)[:200]}"
             return res
         stable = all(r["totals"].get("outputs_stable", True) for r in benches.values())
-        dev = bool(req.prompts)
-        if dev and not stable:
-            res.reason = "outputs differ between repeats (nondeterministic)"
-        elif dev and not res.verified:
-            res.reason = f"not lossless: {res.verdict.get('first_mismatch', '')[:200]}"
-        elif with_gate and not res.gate_verified:
-            res.reason = "not lossless on the gate set"
-        elif dev and req.min_s_per_token > 0 and res.tok_s > 1.0 / req.min_s_per_token:
-            res.reason = (f"{res.tok_s:.1f} tok/s beats the physical bound "
-                          f"{1.0 / req.min_s_per_token:.1f} tok/s: measurement error")
+        res.reason = rejection(res, stable, bool(req.prompts), with_gate, req.min_s_per_token)
         res.wall_s = time.time() - t0
         return res
 

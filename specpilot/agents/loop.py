@@ -23,8 +23,17 @@ from ..runtime.tokenizer import Tokenizer
 from ..trace import Trace, new_run_id, read_events, runs_dir
 from .candidate import Candidate, PatchError, ProposalContext, materialize
 from .checks import check_edit_paths, check_overlay
-from .evaluate import EvalRequest, EvalResult, evaluator_actor, speedup
+from .evaluate import (
+    EvalRequest,
+    EvalResult,
+    EvaluatorCore,
+    evaluator_actor,
+    force,
+    rejection,
+    speedup,
+)
 from .inputs import cost_model, editable_files, load_prompts
+from .interleave import Entrant, interleaved
 from .merge import Lineage, MergeConflict, merge_knobs, merge_overlays
 from .promotion import finish
 from .ray_env import agent_actor, start_ray
@@ -51,6 +60,8 @@ class SearchConfig:
     eval_time_limit_s: float = 0.0  # 0: 10x the stock evaluation, at least 60 s
     engines_root: str | None = None
     promote: bool = True
+    confirm_top: int = 3  # front runners re-timed against stock and ar before promotion
+    confirm_rounds: int = 2
 
 
 @dataclass
@@ -59,6 +70,7 @@ class State:
 
     results: dict[str, EvalResult] = field(default_factory=dict)  # hash -> dev result
     gate: dict[str, EvalResult] = field(default_factory=dict)  # hash -> gate result
+    confirm: dict[str, EvalResult] = field(default_factory=dict)  # id -> confirmation
     specs: dict[str, EngineSpec] = field(default_factory=dict)  # candidate id -> spec
     ids: dict[str, str] = field(default_factory=dict)  # candidate id -> hash
     proposals: dict[int, list[Candidate]] = field(default_factory=dict)  # recorded rounds
@@ -101,6 +113,8 @@ class Search:
                 self.st.results[e["hash"]] = EvalResult.from_dict(e["result"])
             elif e["event"] == "verify" and e.get("set") == "gate" and e.get("result"):
                 self.st.gate[e["hash"]] = EvalResult.from_dict(e["result"])
+            elif e["event"] == "confirm" and e.get("result"):
+                self.st.confirm[cid] = EvalResult.from_dict(e["result"])
             elif e["event"] == "proposal" and e.get("proposal"):
                 c = Candidate.from_dict(e["proposal"])
                 self.st.proposals.setdefault(c.round, []).append(c)
@@ -172,6 +186,54 @@ class Search:
                      reason=res.reason)
         self.lineage.add(cid, spec.parents, status=status, tok_s=res.tok_s or None,
                          speedup=sp)
+
+    def confirm(self, cids: list[str]) -> dict[str, EvalResult]:
+        """Re-time `cids` (stock and ar among them) side by side, interleaved chunk by
+        chunk (`interleave`), after Ray is down, and token-force their outputs: what the
+        final choice and the shipped numbers rest on. Recorded, so a resume reuses it."""
+        if all(c in self.st.confirm for c in cids):
+            return self.st.confirm
+        dep, specs = self.dep, [self.st.specs[c] for c in cids]
+        entrants = [Entrant(c, s.hash, str(build(s).path), s.knobs.to_dict())
+                    for c, s in zip(cids, specs)]
+        timed = interleaved(entrants, dep.target, dep.device, dep.dtype, self.dev,
+                            list(dep.batch_sizes), dep.max_new_tokens,
+                            rounds=self.cfg.confirm_rounds, limit_s=self.limit_s)
+        core = EvaluatorCore(dep.target, dep.device, dep.dtype)
+        try:
+            for c, s in zip(cids, specs):
+                t = timed[c]
+                res = t.result
+                if res.ok:
+                    res.verdict = force(core.reference, t.records, dep.max_new_tokens)
+                    res.verified = res.verdict["passed"]
+                    res.reason = rejection(res, t.stable, True, False, self.bound)
+                self.st.confirm[c] = res
+        finally:
+            core.close()
+        base = self.st.confirm["stock"]
+        for c, s in zip(cids, specs):
+            res = self.st.confirm[c]
+            sp, ci = speedup(base, res, seed=self.cfg.seed) if res.ok and base.ok else (None, None)
+            self.log("confirm", c, s.parents, hash=s.hash, ok=res.ok, tok_s=res.tok_s,
+                     accept_length=res.accept_length, speedup_vs_stock=sp, ci95=ci,
+                     passed=bool(res.verified), reason=res.reason, result=res.to_dict())
+        return self.st.confirm
+
+    def release(self) -> None:
+        """Stop this run's actors, and Ray when this run started it (idempotent)."""
+        import ray
+
+        actors, agents = getattr(self, "actors", []), getattr(self, "agents", [])
+        if actors or agents:
+            with contextlib.suppress(Exception):  # best effort; the actors are killed next
+                ray.get([a.close.remote() for a in actors], timeout=30)
+            for a in actors + agents:
+                ray.kill(a)
+        self.actors, self.agents = [], []
+        if getattr(self, "started_ray", False):
+            ray.shutdown()
+            self.started_ray = False
 
     def new_actor(self):
         cls = evaluator_actor(1 if self.dep.device == "cuda" else 0)
@@ -301,18 +363,18 @@ class Search:
         self.consider(cid, spec, "merge")
 
     def time_for_a_round(self, eval_s: float) -> bool:
-        """Whether a round (its evaluations and a merge) and the final gate checks (3
-        evaluations) still fit in the time limit, at the stock evaluation's wall time."""
+        """Whether a round (its evaluations and a merge), the final gate checks and the
+        confirmation still fit in the time limit, at the stock evaluation's wall time (the
+        confirmation times each of its engines about as long as one evaluation)."""
         w = max(1, self.cfg.workers)
-        need = (-(-(self.cfg.per_round + 1) // w) + 3) * eval_s
+        need = (-(-(self.cfg.per_round + 1) // w) + 3 + self.cfg.confirm_top + 2) * eval_s
         return time.time() - self.t0 + need < self.cfg.time_limit_min * 60
 
     # --- the whole run -----------------------------------------------------------------
     def run(self) -> dict:
-        import ray
 
         cfg, dep = self.cfg, self.dep
-        started_ray = start_ray(cfg.ray_address)
+        self.started_ray = start_ray(cfg.ray_address)
         try:
             if cfg.resume:
                 self._load_trace()
@@ -359,13 +421,7 @@ class Search:
             return finish(self)
         finally:
             self.lineage.save(self.trace.dir / "lineage.json")
-            actors = getattr(self, "actors", [])
-            with contextlib.suppress(Exception):  # best effort; the actors are killed next
-                ray.get([a.close.remote() for a in actors], timeout=30)
-            for a in actors + getattr(self, "agents", []):
-                ray.kill(a)
-            if started_ray:
-                ray.shutdown()
+            self.release()
 
 
 def resumed_config(cfg: SearchConfig) -> SearchConfig:

@@ -19,7 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import networkx as nx
 
-from ..trace import candidate_table
+from ..trace import candidate_table, confirmations
 
 
 def _png(fig) -> str:
@@ -118,6 +118,18 @@ def render_report(run_id: str, events: list[dict], run_dir: Path) -> str:
     table = ("<table border=1 cellspacing=0 cellpadding=3><tr><th>id</th><th>agent</th>"
              "<th>change</th><th>tok/s</th><th>accept</th><th>vs stock</th><th>verdict</th>"
              "<th>why</th></tr>" + "".join(trs) + "</table>")
+    conf = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in (
+            e["candidate"], f"{e.get('tok_s') or 0:.1f}",
+            f"{e['speedup_vs_stock']:.2f} [{e['ci95'][0]:.2f}, {e['ci95'][1]:.2f}]"
+            if e.get("speedup_vs_stock") else "-", "yes" if e.get("passed") else "no",
+            e.get("reason", ""))) + "</tr>" for e in confirmations(events))
+    if conf:
+        head += ("<h2>Confirmation</h2><p>The front runners re-timed with stock and ar, "
+                 "interleaved chunk by chunk, after Ray stopped; the final engine and its "
+                 "numbers come from here.</p><table border=1 cellspacing=0 cellpadding=3>"
+                 "<tr><th>id</th><th>tok/s</th><th>vs stock [CI95]</th><th>verified</th>"
+                 "<th>why</th></tr>" + conf + "</table>")
     body = "".join([
         head, "<h2>Best speedup over evaluations</h2>", plot_progress(events),
         "<h2>Speed vs acceptance</h2>", plot_speed_acceptance(rows),

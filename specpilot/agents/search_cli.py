@@ -46,10 +46,10 @@ def search_command(deployment: str, budget: int, time_limit: float, agents: str,
     return res
 
 
-def replay_command(engine_dir: str, json_out: bool, repeats: int, dev_limit: int) -> int:
+def replay_command(engine_dir: str, json_out: bool, rounds: int, dev_limit: int) -> int:
     from ..engines import replay
 
-    res = replay(engine_dir, repeats=repeats, dev_limit=dev_limit, gate_limit=dev_limit)
+    res = replay(engine_dir, rounds=rounds, dev_limit=dev_limit, gate_limit=dev_limit)
     if json_out:
         print(json.dumps(res, indent=1))
     else:
@@ -61,7 +61,7 @@ def replay_command(engine_dir: str, json_out: bool, repeats: int, dev_limit: int
             s = res[f"speedup_vs_{ref}"]
             if s["ratio"] is not None:
                 c.print(f"  vs {ref}: {s['ratio']:.2f}x  CI95 [{s['ci95'][0]:.2f}, "
-                        f"{s['ci95'][1]:.2f}]")
+                        f"{s['ci95'][1]:.2f}]  ({res['tok_s']:.1f} vs {s['tok_s']:.1f} tok/s)")
     return 0 if res["hash_matches"] and res["verified"] else 1
 
 

@@ -6,6 +6,12 @@ it imports) is the candidate's copy. It times nothing itself: it builds the benc
 batch, then `repeats` passes with per-request timings), then, when asked, generates the
 gate prompts once. It writes the bench results and gate outputs as JSON and never judges
 anything: the parent, running stock code, verifies the outputs and compares the timings.
+
+`python -m specpilot.agents.worker --serve REQ.json` keeps the engine loaded and answers
+one JSON line per command read from stdin (`{"prompts": [...], "max_new_tokens": n}` ->
+`{"ok": true, "results": [...]}` with the runner's per-request outputs and times), so a
+parent can time several engines chunk by chunk in alternation (`agents.interleave`).
+Replies go to the original stdout only; anything the engine prints goes to stderr.
 """
 
 from __future__ import annotations
@@ -73,6 +79,31 @@ def run(req: dict) -> dict:
     return res
 
 
+def serve(req: dict, proto) -> int:
+    """Answer timing commands from stdin on `proto` until EOF or `{"quit": true}`."""
+    from specpilot.bench.runners import LocalRunner
+    from specpilot.runtime.knobs import Knobs
+
+    runner = LocalRunner(req["target"], Knobs.from_dict(req["knobs"]), req["device"],
+                         req["dtype"])
+    proto.write(json.dumps({"ok": True, "ready": True}) + "\n")
+    proto.flush()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd.get("quit"):
+            break
+        try:
+            out = {"ok": True, "results": runner.generate(cmd["prompts"],
+                                                          int(cmd["max_new_tokens"]))}
+        except Exception as e:  # noqa: BLE001 - reported to the parent, which rejects
+            out = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:300]}"}
+        proto.write(json.dumps(out) + "\n")
+        proto.flush()
+        if not out["ok"]:
+            return 1
+    return 0
+
+
 def _exit_with_parent() -> None:
     """Die when the evaluating process dies (a killed search leaves no orphans)."""
     import os
@@ -90,6 +121,12 @@ def _exit_with_parent() -> None:
 
 def main(argv: list[str]) -> int:
     _exit_with_parent()
+    if argv and argv[0] == "--serve":
+        import os
+
+        proto = os.fdopen(os.dup(1), "w")  # the replies' channel ...
+        os.dup2(2, 1)  # ... and whatever the engine prints goes to the log
+        return serve(json.loads(Path(argv[1]).read_text()), proto)
     req = json.loads(Path(argv[0]).read_text())
     res = run(req)
     Path(argv[1]).write_text(json.dumps(res))
