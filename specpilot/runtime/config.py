@@ -110,21 +110,27 @@ class ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
-        if not path.is_file():
-            raise CheckpointError(f"no config.json at {path}: point --model at an HF checkpoint")
-        try:
-            d = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path} is not valid JSON ({e})") from None
-        if not isinstance(d, dict):
-            raise CheckpointError(f"{path} must hold a JSON object")
-        cfg = cls.from_hf(d)
+        cfg = cls.from_hf(read_config_json(path, "point --model at an HF checkpoint"))
         # generate() stops on generation_config.json's EOS ids too (Qwen3 lists two there)
         extra = _eos_ids(_read_json(path.parent / "generation_config.json").get("eos_token_id"))
         if extra:
             merged = tuple(dict.fromkeys(cfg.eos_token_ids + extra))
             cfg = replace(cfg, eos_token_ids=merged)
         return cfg
+
+
+def read_config_json(path: Path, hint: str) -> dict:
+    """The JSON object in a checkpoint's config.json; a one-line error (ending in `hint`,
+    what to point at instead) when it is missing, not JSON or not an object."""
+    if not path.is_file():
+        raise CheckpointError(f"no config.json at {path}: {hint}")
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise CheckpointError(f"{path} must hold a JSON object")
+    return d
 
 
 def _eos_ids(eos) -> tuple[int, ...]:

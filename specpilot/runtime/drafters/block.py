@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ..config import ModelConfig, read_config_json
 from ..drafter import Drafter
 from ..errors import CheckpointError
 from ..loader import load_state, parse_dtype, read_tensors
@@ -260,15 +260,7 @@ def load_block_model(path: str | Path, device: str | torch.device = "cpu",
     if not path.is_dir():
         raise CheckpointError(f"block drafter directory {path} does not exist")
     f = path / "config.json"
-    if not f.is_file():
-        raise CheckpointError(f"no config.json at {f}: point block:DIR at a block drafter")
-    try:
-        d = json.loads(f.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{f} is not valid JSON ({e})") from None
-    if not isinstance(d, dict):
-        raise CheckpointError(f"{f} must hold a JSON object")
-    cfg = BlockConfig.from_hf(d, str(f))
+    cfg = BlockConfig.from_hf(read_config_json(f, "point block:DIR at a block drafter"), str(f))
     if target_cfg is not None:
         check_compatible(cfg, target_cfg, str(path))
     with torch.device("meta"):
