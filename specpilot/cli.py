@@ -46,6 +46,7 @@ def generate(
     device: str = typer.Option(None, help="cpu | cuda"),
     dtype: str = typer.Option(None, help="float32 | bfloat16 | float16"),
     threads: int = typer.Option(None, help="torch CPU threads"),
+    weights: str = typer.Option(None, help="bf16 | w12 (lossless 12-bit weights; CUDA + bfloat16)"),
     batch: int = typer.Option(None, help="prompts per generate call (default: all)"),
     json_out: bool = typer.Option(False, "--json", help="one JSON object per prompt a line"),
 ) -> None:
@@ -53,7 +54,7 @@ def generate(
     from .runtime import cli_commands as cc
 
     spec = cc.resolve_spec(model, deployment, drafter, k, device, dtype, threads,
-                           max_new_tokens)
+                           max_new_tokens, weights=weights)
     items = cc.read_prompts(prompt, input_ids, prompts_file)
     cc.run_generate(spec, items, ignore_eos=ignore_eos, as_json=json_out, batch=batch)
 
@@ -69,12 +70,14 @@ def serve(
     device: str = typer.Option(None, help="cpu | cuda"),
     dtype: str = typer.Option(None, help="float32 | bfloat16 | float16"),
     threads: int = typer.Option(None, help="torch CPU threads"),
+    weights: str = typer.Option(None, help="bf16 | w12 (lossless 12-bit weights; CUDA + bfloat16)"),
     max_batch: int = typer.Option(8, help="requests per engine batch"),
 ) -> None:
     """Serve SGLang's /generate and OpenAI's /v1 API over HTTP (greedy only)."""
     from .runtime import cli_commands as cc
 
-    spec = cc.resolve_spec(model, deployment, drafter, k, device, dtype, threads, None)
+    spec = cc.resolve_spec(model, deployment, drafter, k, device, dtype, threads, None,
+                           weights=weights)
     cc.run_serve(spec, host, port, max_batch)
 
 

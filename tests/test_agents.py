@@ -93,6 +93,11 @@ def test_heuristic_is_deterministic_guided_and_skips_tried():
     multi, _ = a.propose(ctx(batch_sizes=[1, 4], n=20))
     assert any("k_per_batch" in c.knobs for c in multi)
     assert any(c.knobs.get("threads") for c in multi)
+    assert not any(set(c.knobs) & {"gemv", "weights", "cuda_graphs"} for c in multi)
+    gpu, _ = a.propose(ctx(device="cuda", n=40))
+    flips = {k: v for c in gpu for k, v in c.knobs.items()}
+    assert flips.get("gemv") == "cublas" and flips.get("weights") == "w12"
+    assert flips.get("cuda_graphs") is False and "threads" not in flips
 
 
 def test_heuristic_keeps_k_within_the_block_drafters_limit(tmp_path):

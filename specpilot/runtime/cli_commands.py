@@ -35,8 +35,9 @@ class PromptItem:
 
 def resolve_spec(model: str | None, deployment: str | None, drafter: str | None,
                  k: int | None, device: str | None, dtype: str | None, threads: int | None,
-                 max_new_tokens: int | None) -> EngineSpec:
-    """Deployment values first, explicit flags over them, built-in defaults last."""
+                 max_new_tokens: int | None, weights: str | None = None) -> EngineSpec:
+    """Deployment values first, explicit flags over them, built-in defaults last
+    (`weights`: the --weights flag, bf16 | w12)."""
     knobs, dev, dt, max_new = Knobs(), "cpu", "float32", 128
     if deployment:
         from specpilot.deployment import load_deployment
@@ -57,6 +58,8 @@ def resolve_spec(model: str | None, deployment: str | None, drafter: str | None,
         changes["k"] = k
     if threads is not None:
         changes["threads"] = threads
+    if weights is not None:
+        changes["weights"] = weights
     if changes:
         knobs = knobs.with_(**changes)
     dev = device or dev
