@@ -49,3 +49,142 @@ def test_w12linear_on_cuda_small_and_large_batch():
         x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ lin.weight.float().T
         assert ((m(x).float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
+# -- the engine with W12 weights and with the Triton-GEMV backend ------------------------------
+
+def _small_model(seed: int = 1):
+    from specpilot.runtime.config import ModelConfig
+    from specpilot.runtime.random_model import random_transformer
+
+    cfg = ModelConfig(arch="qwen3", vocab_size=4096, hidden_size=512, intermediate_size=1536,
+                      num_layers=4, num_heads=8, num_kv_heads=4, head_dim=64, rope_theta=1e6,
+                      max_position_embeddings=4096)
+    return random_transformer(cfg, "cuda", "bfloat16", seed=seed, std=0.05, fused=True)
+
+
+def _prompts(n_rows: int, length: int, vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(0, vocab, (length - 3 * i,), generator=g).tolist()
+            for i in range(n_rows)]
+
+
+def _margin(stock, rows: list[list[int]]) -> float:
+    """The stock model's tie margin (benchmarks/gpu_perf.py): twice its own logit noise
+    across shapes, at least two bf16 steps at its largest logit."""
+    from benchmarks.gpu_perf import tie_margin
+
+    return tie_margin(stock, rows)
+
+
+def _force(stock, prompts, outputs, margin: float) -> dict:
+    from benchmarks.gpu_perf import force
+
+    return force(stock, prompts, outputs, margin)
+
+
+def _outputs(engine, prompts, n=48):
+    return [g.output_ids for g in engine.generate(prompts, n, ignore_eos=True)]
+
+
+def test_engine_with_w12_weights_forces_against_bf16():
+    from specpilot.kernels.w12_linear import W12Linear, apply_w12
+    from specpilot.runtime.drafters.ngram import NgramDrafter
+    from specpilot.runtime.generate import Engine
+
+    stock = _small_model()
+    model = _small_model()
+    rep = apply_w12(model, min_gain=0.0)  # every eligible layer, whatever the table says
+    assert rep.applied == len(rep.layers) > 0
+    assert all(isinstance(m, W12Linear) for m in (model.lm_head, model.model.layers[0].mlp
+                                                   .down_proj))
+    prompts = _prompts(3, 40, model.cfg.vocab_size)
+    ref = _outputs(Engine(stock), prompts)
+    margin = _margin(stock, [p + o for p, o in zip(prompts, ref)])
+    eng = Engine(model)
+    graph = _outputs(eng, prompts)
+    st = eng.graph_stats
+    assert st.captures > 0 and st.replays > 0  # W12 decode steps were captured and replayed
+    eager = _outputs(Engine(model, cuda_graphs=False), prompts)
+    assert graph == eager  # same kernels, no host sync: the capture computes the same thing
+    spec = _outputs(Engine(model, NgramDrafter(3, 1), k=4), prompts)  # verify rows 5..15
+    for name, outs in (("stock engine", ref), ("graph", graph), ("ngram", spec)):
+        r = _force(stock, prompts, outs, margin)
+        assert r["failures"] == 0, (name, r, margin)
+
+
+def _table_forcing_triton(n_k: list[tuple[int, int]]):
+    from specpilot.kernels.tuning import BUCKETS, TunedTable, TuningRecord, default_config
+
+    t = TunedTable("test")
+    for n, k in n_k:
+        for b in BUCKETS:
+            cfg = default_config(n, k, b)
+            for kern, us in (("bf16", 1.0), ("cublas", 2.0)):
+                t.add(TuningRecord(kern, n, k, b, cfg.to_dict(), us, 0.0, 1, 1.0, 1.0, True, 0.0))
+    return t
+
+
+def test_engine_with_triton_gemv_backend_forces_against_cublas():
+    from specpilot.kernels.gemv_bf16 import GemvLinear, apply_gemv
+    from specpilot.runtime.drafters.ngram import NgramDrafter
+    from specpilot.runtime.generate import Engine
+
+    stock = _small_model()
+    model = _small_model()
+    shapes = {(m.out_features, m.in_features) for m in model.modules()
+              if isinstance(m, torch.nn.Linear)}
+    rep = apply_gemv(model, _table_forcing_triton(sorted(shapes)))
+    lins = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert lins and all(type(m) is GemvLinear for m in lins) and len(rep.swapped) == len(lins)
+    for rows in (1, 3, 8, 20, 100):  # GEMV, dot buckets and the cuBLAS fallback
+        lin = model.model.layers[0].mlp.down_proj
+        x = torch.randn(rows, lin.in_features, device="cuda", dtype=torch.bfloat16)
+        ref = x.float() @ lin.weight.float().T
+        assert ((lin(x).float() - ref).norm() / ref.norm()).item() < 1e-2
+    prompts = _prompts(3, 40, model.cfg.vocab_size)
+    ref = _outputs(Engine(stock), prompts)
+    margin = _margin(stock, [p + o for p, o in zip(prompts, ref)])
+    eng = Engine(model)
+    graph = _outputs(eng, prompts)
+    assert eng.graph_stats.replays > 0
+    assert graph == _outputs(Engine(model, cuda_graphs=False), prompts)
+    spec = _outputs(Engine(model, NgramDrafter(3, 1), k=4), prompts)
+    for name, outs in (("stock engine", ref), ("graph", graph), ("ngram", spec)):
+        r = _force(stock, prompts, outs, margin)
+        assert r["failures"] == 0, (name, r, margin)
+
+
+def test_build_engine_with_linear_knobs_on_cuda():
+    from specpilot.runtime.factory import build_engine
+    from specpilot.runtime.knobs import Knobs
+
+    eng, _ = build_engine("random:tiny", Knobs(weights="w12", gemv="auto"), "cuda", "bfloat16")
+    rep = eng.target.w12_report  # decided by the device's tuned table (may swap none)
+    assert len(rep.layers) > 0 and eng.target.gemv_report is not None
+    out = eng.generate([[1, 2, 3, 4, 5]], 8, ignore_eos=True)[0].output_ids
+    assert len(out) == 8
+
+
+def test_build_engine_linear_knobs_reach_the_draft_model(tmp_path, qwen3_draft_dir):
+    from specpilot.kernels.gemv_bf16 import GemvLinear
+    from specpilot.kernels.w12_linear import W12Linear
+    from specpilot.runtime.factory import build_engine
+    from specpilot.runtime.knobs import Knobs
+    from tests.checkpoints import make_checkpoint
+
+    # head_dim 32: the CUDA fused q/k-norm + RoPE kernel takes power-of-two head dims only
+    qwen3_dir = make_checkpoint(tmp_path / "target", "qwen3", seed=0, head_dim=32)
+    stock, _ = build_engine(qwen3_dir, Knobs(gemv="cublas"), "cuda", "bfloat16")
+    knobs = Knobs(drafter=f"draft:{qwen3_draft_dir}", k=3, weights="w12", gemv="auto")
+    eng, _ = build_engine(qwen3_dir, knobs, "cuda", "bfloat16")
+    draft = eng.drafter.model
+    assert draft.w12_report is not None and draft.gemv_report is not None
+    n_fast = sum(isinstance(m, (W12Linear, GemvLinear)) for m in draft.modules())
+    assert n_fast == len(draft.w12_report.layers)  # every linear is W12 or Triton-GEMV
+    prompts = [[5, 17, 42, 7, 99, 3, 11, 12], [8, 9, 10, 2, 4]]
+    outs = _outputs(eng, prompts, 24)
+    rows = [p + o for p, o in zip(prompts, _outputs(stock, prompts, 24))]
+    margin = _margin(stock.target, [r[:min(map(len, rows))] for r in rows])
+    r = _force(stock.target, prompts, outs, margin)
+    assert r["failures"] == 0, (r, margin)

@@ -3,16 +3,27 @@
 y = x @ w.T for skinny x: CUDA-core GEMV for batch 1-4, tl.dot for larger batches, fp32
 accumulation, weights streamed with evict_first, activations kept with evict_last,
 split-K in one launch (see `splitk.py`). Benchmarks compare W12 against the faster of this
-kernel and cuBLAS; the engine may use it wherever it beats cuBLAS.
+kernel and cuBLAS.
+
+`GemvLinear` / `apply_gemv` are the engine's linear backend (knob `gemv = "auto"`): each
+bf16 CUDA linear runs this kernel in the batch buckets where the device's tuned table says
+it beats cuBLAS, and `F.linear` everywhere else.
 """
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch import nn
 
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
+from .tuning import BUCKETS, TunedTable, bucket, load_table
 from .w12_triton import KernelConfig, launch_grid
 
 
@@ -98,3 +109,98 @@ def bf16_matmul(x: torch.Tensor, w: torch.Tensor, cfg: KernelConfig,
         num_stages=cfg.stages,
     )
     return y
+
+
+# -- the engine's linear backend: the Triton kernel where the tuned table says it wins -------
+
+MIN_GEMV_GAIN = 1.02  # cuBLAS time / Triton time needed to switch a (shape, batch bucket)
+
+
+class GemvLinear(nn.Linear):
+    """An `nn.Linear` (same weight and bias Parameters, so ties and `.weight` keep working)
+    whose calls with a row count in `configs`' batch buckets run `bf16_matmul` on CUDA with
+    bf16 activations; every other call (other buckets, prefill, CPU, fp32) is `F.linear`."""
+
+    def __init__(self, linear: nn.Linear, configs: dict[int, KernelConfig]):
+        nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+        self.configs = dict(configs)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features if self.in_features else 0
+        cfg = self.configs.get(bucket(rows)) if x.is_cuda and rows else None
+        if cfg is None or x.dtype != torch.bfloat16 or self.weight.dtype != torch.bfloat16:
+            return F.linear(x, self.weight, self.bias)
+        y = bf16_matmul(x.reshape(rows, self.in_features), self.weight, cfg)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", triton_buckets={sorted(self.configs)}"
+
+
+@dataclass
+class GemvReport:
+    """What `apply_gemv` did: per swapped layer name, the buckets that run Triton."""
+
+    swapped: dict[str, list[int]] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)
+
+
+def gemv_configs(n: int, k: int, table: TunedTable,
+                 min_gain: float = MIN_GEMV_GAIN) -> dict[int, KernelConfig]:
+    """Batch bucket -> Triton config for an [n, k] weight, for the buckets where the table
+    says Triton beats cuBLAS by `min_gain`: measured on this shape when the table has both,
+    else when the median gain over the table's other shapes at that bucket does (then with
+    the config that won most often there)."""
+    out = {}
+    for b in BUCKETS:
+        t_tri, t_cub = table.median_us("bf16", n, k, b), table.median_us("cublas", n, k, b)
+        if t_tri and t_cub:
+            if t_cub / t_tri >= min_gain:
+                out[b] = table.lookup("bf16", n, k, b)
+            continue
+        gains, winners = [], Counter()
+        for key, hit in table.entries.items():
+            kern, shape, bb = key.split(":")
+            if kern != "bf16" or bb != f"b{b}":
+                continue
+            sn, sk = map(int, shape.split("x"))
+            cub = table.median_us("cublas", sn, sk, b)
+            if cub:
+                gains.append(cub / hit["median_us"])
+                if gains[-1] >= min_gain:
+                    winners[json.dumps(hit["config"], sort_keys=True)] += 1
+        if gains and sorted(gains)[len(gains) // 2] >= min_gain and winners:
+            out[b] = KernelConfig.from_dict(json.loads(winners.most_common(1)[0][0]))
+    return out
+
+
+def apply_gemv(model: nn.Module, table: TunedTable | None = None,
+               min_gain: float = MIN_GEMV_GAIN) -> GemvReport:
+    """Swap, in place, every bf16 CUDA `nn.Linear` of `model` (contiguous weight) for a
+    `GemvLinear` that runs the Triton kernel in the batch buckets where the tuned table
+    (default: the device's, `tuning.load_table`) says it beats cuBLAS. Layers with no such
+    bucket, and every layer of a CPU or non-bf16 model, are left alone."""
+    rep = GemvReport()
+    for name, mod in list(model.named_modules()):
+        if type(mod) is not nn.Linear:
+            continue
+        w = mod.weight
+        if not (w.is_cuda and w.dtype == torch.bfloat16 and w.is_contiguous()):
+            rep.kept.append(name)
+            continue
+        if table is None:
+            table = load_table(torch.cuda.get_device_name(w.device))
+        cfgs = gemv_configs(w.shape[0], w.shape[1], table, min_gain)
+        if not cfgs:
+            rep.kept.append(name)
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        setattr(parent, attr, GemvLinear(mod, cfgs))
+        rep.swapped[name] = sorted(cfgs)
+    return rep

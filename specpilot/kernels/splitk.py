@@ -13,6 +13,9 @@ import triton
 import triton.language as tl
 
 _WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+# Outgrown workspaces are kept alive, never freed: a CUDA graph captured earlier holds their
+# addresses, and memory handed back to the allocator could be reused under a replay.
+_RETIRED: list[torch.Tensor] = []
 
 
 def workspace(device: torch.device, n_partial: int,
@@ -20,8 +23,12 @@ def workspace(device: torch.device, n_partial: int,
     """(fp32 partials of at least n_partial elements, int32 zeroed counters >= n_tiles)."""
     ws, cnt = _WORKSPACES.get(device, (None, None))
     if ws is None or ws.numel() < n_partial:
+        if ws is not None:
+            _RETIRED.append(ws)
         ws = torch.empty(max(n_partial, 1 << 16), dtype=torch.float32, device=device)
     if cnt is None or cnt.numel() < n_tiles:
+        if cnt is not None:
+            _RETIRED.append(cnt)
         cnt = torch.zeros(max(n_tiles, 1 << 12), dtype=torch.int32, device=device)
     _WORKSPACES[device] = (ws, cnt)
     return ws, cnt

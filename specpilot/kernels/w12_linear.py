@@ -2,7 +2,8 @@
 swaps the eligible linears of a model in place.
 
 On CUDA with bf16 activations a call runs the fused Triton kernel for up to 32 rows
-(config from the device's tuned table, else a default) and unpack + cuBLAS above that;
+(config from the device's tuned table, else a default) and unpack + cuBLAS above that; no
+host sync and only the output allocated per call, so decode steps can be CUDA-graph captured;
 elsewhere it runs the torch reference. Results match `F.linear` up to accumulation order:
 the weights are bit-identical.
 
@@ -39,6 +40,7 @@ class W12Linear(nn.Module):
         self.register_buffer("weight", torch.empty(0, dtype=torch.bfloat16, device=weight.device),
                              persistent=False)
         self.table = table
+        self._cfgs: dict = {}  # batch bucket -> KernelConfig
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, table: TunedTable | None = None) -> "W12Linear":
@@ -46,6 +48,14 @@ class W12Linear(nn.Module):
         if w.dtype != torch.bfloat16:
             raise ValueError(f"W12 stores bf16 weights; this layer is {w.dtype}")
         return cls(fmt.pack(w), linear.bias, table)
+
+    def _config(self, b: int):
+        """The kernel config of batch bucket b (looked up once per bucket, then cached)."""
+        if b not in self._cfgs:
+            self._cfgs[b] = (self.table.lookup("w12", self.out_features, self.in_features, b)
+                             if self.table else None) or default_config(self.out_features,
+                                                                        self.in_features, b)
+        return self._cfgs[b]
 
     @property
     def w12(self) -> fmt.W12Weight:
@@ -58,12 +68,11 @@ class W12Linear(nn.Module):
         m = x2.shape[0]
         w = self.w12
         if x.is_cuda and x.dtype == torch.bfloat16 and m > 0:
-            if bucket(m) is not None:
+            b = bucket(m)
+            if b is not None:
                 from .w12_triton import w12_matmul
 
-                cfg = (self.table.lookup("w12", w.n, w.k, m) if self.table else None) \
-                    or default_config(w.n, w.k, m)
-                y = w12_matmul(x2, w, cfg)
+                y = w12_matmul(x2, w, self._config(b))
             else:
                 from .w12_triton import w12_unpack
 

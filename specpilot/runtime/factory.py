@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 
 from .drafter import Drafter
-from .errors import CheckpointError
+from .errors import CheckpointError, SpecPilotError
 from .generate import Engine
 from .knobs import Knobs
-from .loader import load_model
+from .loader import load_model, parse_dtype
 from .model import Transformer
 from .tokenizer import Tokenizer
 
@@ -33,7 +33,8 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
 
         model = load_model(path, device, dtype)
         if str(device).startswith("cuda") and knobs.fused_proj:
-            model.fuse_projections()
+            model.fuse_projections(kernels=knobs.fused_kernels)
+        apply_linear_knobs(model, knobs)
         if model.cfg.vocab_size != target.cfg.vocab_size:
             raise CheckpointError(
                 f"drafter {path} has vocabulary size {model.cfg.vocab_size}, the target "
@@ -47,11 +48,39 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
     raise CheckpointError(f"unknown drafter kind {kind!r}: use ngram, draft:DIR or block:DIR")
 
 
+def check_linear_knobs(knobs: Knobs, device: str, dtype: str | torch.dtype) -> None:
+    """`weights = "w12"` stores bf16 weights losslessly and runs Triton kernels: anything but
+    a CUDA bf16 model is a one-line error (before any weights are loaded)."""
+    if knobs.weights == "w12" and (not str(device).startswith("cuda")
+                                   or parse_dtype(dtype) != torch.bfloat16):
+        raise SpecPilotError(
+            f"weights = w12 needs --device cuda --dtype bfloat16 (W12 is lossless 12-bit bf16 "
+            f"on the GPU), got {device}/{parse_dtype(dtype)}: use weights = bf16 here")
+
+
+def apply_linear_knobs(model: Transformer, knobs: Knobs, skip: tuple[str, ...] = ()) -> None:
+    """The linear backends of one model, in place, after `fuse_projections`: W12 layers
+    (`weights`), then the Triton bf16 GEMV (`gemv`) on the linears left. What was done is
+    kept on the model (`w12_report`, `gemv_report`). A no-op for bf16 + cublas, and `gemv`
+    is a no-op on a CPU or non-bf16 model."""
+    cuda_bf16 = model.device.type == "cuda" and model.dtype == torch.bfloat16
+    if knobs.weights == "w12":
+        check_linear_knobs(knobs, model.device.type, model.dtype)
+        from ..kernels.w12_linear import apply_w12
+
+        model.w12_report = apply_w12(model, skip=skip)
+    if knobs.gemv == "auto" and cuda_bf16:
+        from ..kernels.gemv_bf16 import apply_gemv
+
+        model.gemv_report = apply_gemv(model)
+
+
 def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str = "cpu",
                  dtype: str = "float32", batch_size: int = 1) -> tuple[Engine, Tokenizer]:
     knobs = knobs or Knobs()
     if device == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("--device cuda was asked for but no CUDA device is available")
+    check_linear_knobs(knobs, device, dtype)
     if knobs.threads and device == "cpu":
         torch.set_num_threads(knobs.threads)
     if str(model_dir).startswith("random:"):  # perf-only: random weights, no tokenizer
@@ -62,7 +91,10 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
         target = load_model(model_dir, device, dtype)
         tokenizer = Tokenizer(model_dir)
     if device == "cuda" and knobs.fused_proj:
-        target.fuse_projections()
+        target.fuse_projections(kernels=knobs.fused_kernels)
+    # the block drafter reads the target's lm_head.weight: keep that layer dense for it
+    block = (knobs.drafter or "").startswith("block:")
+    apply_linear_knobs(target, knobs, skip=("lm_head",) if block else ())
     if tokenizer is not None and tokenizer.vocab_size > target.cfg.vocab_size:
         raise CheckpointError(
             f"{model_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only "

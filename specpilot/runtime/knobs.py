@@ -19,9 +19,11 @@ class Knobs:
     ngram_max: int = 3
     ngram_min: int = 1
     threads: int = 0  # torch CPU threads; 0 = leave torch's default
-    weights: str = "bf16"  # "bf16" | "w12" (GPU; ignored for fp32 CPU models)
+    weights: str = "bf16"  # "bf16" | "w12": W12 where the tuned table says it wins (CUDA + bf16)
+    gemv: str = "auto"  # "auto": Triton bf16 GEMV where the tuned table beats cuBLAS | "cublas"
     cuda_graphs: bool = True  # replay each decode/verify step from a CUDA graph (CUDA only)
     fused_proj: bool = True  # one qkv and one gate_up GEMM per layer (CUDA only; copies weights)
+    fused_kernels: bool = True  # Triton norm/RoPE/cache-write/silu kernels (CUDA, fused_proj)
     kv_bucket: int = 256  # attend to the cache prefix rounded up to this (CUDA); 0 = all of it
 
     def k_for(self, batch_size: int) -> int:
@@ -62,6 +64,11 @@ class Knobs:
             raise SpecPilotError("threads must be >= 0")
         if self.weights not in ("bf16", "w12"):
             raise SpecPilotError(f"weights must be bf16 or w12, got {self.weights!r}")
+        if self.gemv not in ("cublas", "auto"):
+            raise SpecPilotError(f"gemv must be cublas or auto, got {self.gemv!r}")
+        if not isinstance(self.fused_kernels, bool):
+            raise SpecPilotError(f"fused_kernels must be true or false, "
+                                 f"got {self.fused_kernels!r}")
         if self.kv_bucket < 0 or self.kv_bucket % 16:
             raise SpecPilotError(f"kv_bucket must be 0 or a positive multiple of 16, "
                                  f"got {self.kv_bucket}")

@@ -10,7 +10,11 @@ The cache only grows (`setup_cache` keeps a larger one), so a batch of B rows us
 B rows and CUDA graphs captured over it stay valid until `cache_version` changes.
 `fuse_projections()` (for CUDA) concatenates q/k/v and gate/up into one `nn.Linear` each and
 switches attention to a grouped layout (each KV head's query heads stacked as rows): fewer,
-larger kernels per layer, the same function up to rounding.
+larger kernels per layer, the same function up to rounding. On CUDA, `set_fused_kernels(True)`
+(or `fuse_projections(kernels=True)`) also routes the elementwise parts through the Triton
+kernels of `specpilot.kernels.fused`: residual add + RMSNorm, q/k norm + RoPE + KV-cache
+write, silu * up, each one launch with the torch path's rounding points (equal up to fp32
+reduction order, so bf16 near-ties can resolve differently). CPU models never use them.
 """
 
 from __future__ import annotations
@@ -36,9 +40,25 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self.kernels = False  # Triton kernel (set_fused_kernels)
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernels:
+            return _fused().rms_norm(x, self.weight, self.eps)[1]
         return rms_norm(x, self.weight, self.eps)
+
+    def add_forward(self, x: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(x + residual, norm(x + residual)); one kernel when the Triton kernels are on."""
+        if self.kernels:
+            return _fused().rms_norm(x, self.weight, self.eps, residual=residual)
+        x = x + residual
+        return x, rms_norm(x, self.weight, self.eps)
+
+
+def _fused():
+    from ..kernels import fused
+
+    return fused
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -106,6 +126,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.kv_cache: KVCache | None = None
         self.fused = False
+        self.kernels = False  # Triton q/k norm + RoPE + cache write (fused layout only)
 
     def fuse(self) -> None:
         """One qkv_proj (and one [nh + nkv, hd] q/k norm weight) instead of three."""
@@ -146,6 +167,9 @@ class Attention(nn.Module):
         hd, nh, nkv = c.head_dim, c.num_heads, c.num_kv_heads
         G = nh // nkv
         qkv = self.qkv_proj(x).view(B, T, nh + 2 * nkv, hd)
+        if self.kernels:
+            return self._attend_grouped(*self._qkv_kernel(qkv, cos, sin, positions, kv_len),
+                                        mask)
         qk, v = qkv[:, :, : nh + nkv], qkv[:, :, nh + nkv:]
         if c.qk_norm:
             qk = rms_norm(qk, self.qk_norm_weight, c.rms_norm_eps)
@@ -159,9 +183,30 @@ class Attention(nn.Module):
             k, v = k.transpose(1, 2), v.transpose(1, 2)
         # query head h = j * G + g reads KV head j: rows (t, g) of KV head j
         q = q.reshape(B, T, nkv, G, hd).transpose(1, 2).reshape(B, nkv, T * G, hd)
+        return self._attend_grouped(q, k, v, mask)
+
+    def _attend_grouped(self, q, k, v, mask):
+        """q [B, nkv, T * G, hd] (grouped rows), k/v [B, nkv, S, hd] -> o_proj output."""
+        c = self.cfg
+        B, nkv, TG, hd = q.shape
+        G = c.num_heads // nkv
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        y = y.view(B, nkv, T, G, hd).transpose(1, 2).reshape(B, T, nh * hd)
+        y = y.view(B, nkv, TG // G, G, hd).transpose(1, 2).reshape(B, TG // G, c.num_heads * hd)
         return self.o_proj(y)
+
+    def _qkv_kernel(self, qkv, cos, sin, positions, kv_len):
+        """The Triton path: q (grouped), and k/v written to the cache (or fresh)."""
+        c = self.cfg
+        w = self.qk_norm_weight if c.qk_norm else None
+        cache = self.kv_cache
+        if cache is None:
+            return _fused().qkv_rope(qkv, cos, sin, w, c.rms_norm_eps, c.num_heads,
+                                     c.num_kv_heads)
+        q, k, v = _fused().qkv_rope(qkv, cos, sin, w, c.rms_norm_eps, c.num_heads,
+                                    c.num_kv_heads, positions, cache.k, cache.v)
+        if kv_len is not None:
+            k, v = k[:, :, :kv_len], v[:, :, :kv_len]
+        return q, k, v
 
 
 class MLP(nn.Module):
@@ -172,6 +217,7 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=b)
         self.down_proj = nn.Linear(i, h, bias=b)
         self.fused = False
+        self.kernels = False  # Triton silu * up (fused layout only)
 
     def fuse(self) -> None:
         self.gate_up_proj = _concat_linears([self.gate_proj, self.up_proj])
@@ -179,6 +225,8 @@ class MLP(nn.Module):
         self.fused = True
 
     def forward(self, x: Tensor) -> Tensor:
+        if self.kernels:
+            return self.down_proj(_fused().silu_mul(self.gate_up_proj(x)))
         if self.fused:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -209,6 +257,17 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, positions, mask, kv_len)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def forward_pending(self, x, pending, cos, sin, positions, mask, kv_len):
+        """`forward` of x + pending (None: x), returning (x', pending') with the layer's
+        output x' + pending': each residual add is done inside the next norm's kernel."""
+        if pending is None:
+            h = self.input_layernorm(x)
+        else:
+            x, h = self.input_layernorm.add_forward(x, pending)
+        a = self.self_attn(h, cos, sin, positions, mask, kv_len)
+        x, h = self.post_attention_layernorm.add_forward(x, a)
+        return x, self.mlp(h)
+
 
 class Transformer(nn.Module):
     """Parameter names follow HF (`model.layers.N...`, `lm_head`) so checkpoints load as is."""
@@ -226,6 +285,7 @@ class Transformer(nn.Module):
         self.batch_size = 0
         self.cache_version = 0  # bumped on every (re)allocation of the cache
         self.fused = False
+        self.kernels = False  # Triton elementwise kernels (set_fused_kernels)
 
     @property
     def device(self) -> torch.device:
@@ -235,14 +295,45 @@ class Transformer(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.lm_head.weight.dtype
 
-    def fuse_projections(self) -> None:
-        """Concatenate q/k/v and gate/up weights (copies them once; meant for CUDA)."""
-        if self.fused:
-            return
+    def fuse_projections(self, kernels: bool | None = None) -> None:
+        """Concatenate q/k/v and gate/up weights (copies them once; meant for CUDA), then
+        `set_fused_kernels(kernels)` unless `kernels` is None (the Triton kernels stay as
+        they are: off on a fresh model)."""
+        if not self.fused:
+            for layer in self.model.layers:
+                layer.self_attn.fuse()
+                layer.mlp.fuse()
+            self.fused = True
+        if kernels is not None:
+            self.set_fused_kernels(kernels)
+
+    def set_fused_kernels(self, on: bool) -> bool:
+        """Use the Triton elementwise kernels (`specpilot.kernels.fused`) where they apply:
+        a fused model on CUDA in bf16/fp16/fp32 with Triton installed; anywhere else they
+        stay off. Returns whether they are on. Drop captured CUDA graphs after a change."""
+        on = bool(on) and self.fused and self.device.type == "cuda" and self.dtype in (
+            torch.bfloat16, torch.float16, torch.float32)
+        if on:
+            try:
+                _fused()
+            except ImportError:
+                on = False
+        self._flag_kernels(on)
+        return on
+
+    def _flag_kernels(self, on: bool) -> None:
+        """Route the modules to the kernels (tests call it directly to run them on a CPU under
+        TRITON_INTERPRET=1)."""
+        norms = [self.model.norm]
+        hd = self.cfg.head_dim
+        rope_ok = hd & (hd - 1) == 0  # the q/k norm + RoPE kernel takes power-of-two heads
         for layer in self.model.layers:
-            layer.self_attn.fuse()
-            layer.mlp.fuse()
-        self.fused = True
+            norms += [layer.input_layernorm, layer.post_attention_layernorm]
+            layer.mlp.kernels = on
+            layer.self_attn.kernels = on and rope_ok
+        for n in norms:
+            n.kernels = on
+        self.kernels = on
 
     def setup_cache(self, batch_size: int, max_seq_len: int) -> None:
         """Allocate the static KV cache when the batch or the length outgrows it (it never
@@ -331,16 +422,22 @@ class Transformer(nn.Module):
             mask = allowed[:, None]  # [B, 1, T, S]
         saved = []
         want = set(hidden_layers)
+        pending = None  # with the kernels on: the last layer output's MLP term, not yet added
         for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            cache = attn.kv_cache
             if not use_cache:
-                attn = layer.self_attn
-                cache, attn.kv_cache = attn.kv_cache, None
-                x = layer(x, cos, sin, positions, mask, None)
-                attn.kv_cache = cache
+                attn.kv_cache = None
+            args = (cos, sin, positions, mask, kv_len if use_cache else None)
+            if self.kernels:
+                x, pending = layer.forward_pending(x, pending, *args)
             else:
-                x = layer(x, cos, sin, positions, mask, kv_len)
+                x = layer(x, *args)
+            attn.kv_cache = cache
             if i in want:
-                saved.append(x)
+                saved.append(x if pending is None else x + pending)
+        if pending is not None:
+            x = x + pending
         hidden = None
         if hidden_layers:
             by_layer = dict(zip(sorted(want), saved))
