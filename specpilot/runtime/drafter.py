@@ -22,6 +22,10 @@ class Drafter(ABC):
     #: the most drafts one propose can return (block drafters: block_size - 1); None = any
     max_k: int | None = None
 
+    def prepare(self, prompts: list[list[int]], max_new_tokens: int, engine) -> None:
+        """Called first in `engine.generate` (the oracle records its continuations here, on
+        the engine's own path)."""
+
     def setup(self, batch_size: int, max_seq_len: int) -> None:
         """Allocate per-batch state before a generate call (static caches)."""
 

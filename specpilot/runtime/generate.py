@@ -119,7 +119,7 @@ class Engine:
         self._check(prompts, max_new_tokens)
         prepare = getattr(self.drafter, "prepare", None)
         if prepare is not None:
-            prepare(prompts, max_new_tokens)
+            prepare(prompts, max_new_tokens, self)  # may call generate (oracle recording)
         dev = self.target.device
         cuda = dev.type == "cuda"
         B, k = len(prompts), self.k
@@ -235,6 +235,8 @@ class Engine:
     def _step(self, st: _State, graphs: StepGraphs, kv_len: int) -> None:
         k, d = self.k, self.drafter
         key = (st.tokens.shape[0], k, kv_len, id(st))
+        if d is not None and hasattr(d, "kv_len"):
+            d.kv_len = kv_len  # the attended prefix for a drafter with its own cache
         if d is None or getattr(d, "graph_safe", False):
             graphs.run(key, lambda: self._whole_step(st, kv_len))
             return
@@ -245,8 +247,6 @@ class Engine:
     def _whole_step(self, st: _State, kv_len: int) -> None:
         d = self.drafter
         if d is not None:
-            if hasattr(d, "kv_len"):
-                d.kv_len = kv_len
             st.drafts.copy_(d.propose(st.tokens, st.lengths, self.k))
         start, n_acc, hidden = self._verify_commit(st, kv_len)
         if d is not None:

@@ -1,8 +1,11 @@
 """`draft:DIR`: a smaller checkpoint with the target's vocabulary drafts k tokens greedily.
 
-The draft model keeps its own static KV cache. `done[b]` counts the positions of row b it
-has processed with committed tokens; each propose first catches up on the committed tokens
-since then, then runs k - 1 single-token steps.
+The draft model keeps its own static KV cache. `prefill` runs it over the prompts. After a
+verify step at most two committed tokens are new to it (the pending one, and the target's
+bonus token when all k drafts were accepted), so each propose runs a fixed two-token catch-up
+window ending at the pending token (re-running an already cached position is an exact rewrite), then k - 1
+single-token steps. Fixed shapes, in-place state and no host reads make a propose capturable
+in the engine's step graph (`graph_safe`); the attended prefix is the engine's `kv_len`.
 """
 
 from __future__ import annotations
@@ -16,41 +19,47 @@ from ..model import Transformer
 
 class DraftModelDrafter(Drafter):
     name = "draft"
+    graph_safe = True
 
     def __init__(self, model: Transformer):
         self.model = model
-        self.done: Tensor | None = None
+        self.kv_len: int | None = None  # set by the engine before each step
+        self.graph_version = 0
 
     def setup(self, batch_size: int, max_seq_len: int) -> None:
+        v = self.model.cache_version
         self.model.setup_cache(batch_size, max_seq_len)
-        self.max_seq_len = max_seq_len
+        self.graph_version += self.model.cache_version != v
 
+    @torch.inference_mode()
     def prefill(self, prompts: list[list[int]], hidden) -> None:
-        self.done = torch.zeros(len(prompts), dtype=torch.long, device=self.model.device)
+        """The prompts through the draft model, left-padded (pads write the last slot)."""
+        dev = self.model.device
+        lens = [len(p) for p in prompts]
+        T = max(lens)
+        inp = torch.zeros(len(prompts), T, dtype=torch.long, device=dev)
+        pos = torch.full_like(inp, self.model.max_seq_len - 1)
+        for b, p in enumerate(prompts):
+            inp[b, T - len(p):] = torch.tensor(p, device=dev)
+            pos[b, T - len(p):] = torch.arange(len(p), device=dev)
+        self.model(inp, pos, last_only=True)
 
     def propose(self, tokens: Tensor, lengths: Tensor, k: int) -> Tensor:
         dev = tokens.device
-        B = tokens.shape[0]
         lengths = lengths.to(dev)
-        # Re-run from the first unprocessed committed token; rows with less to catch up are
-        # right-aligned and recompute a few already-cached positions (an exact rewrite).
-        m = max(int((lengths - self.done).max()), 1)
-        pos = (lengths[:, None] - m + torch.arange(m, device=dev)).clamp(min=0)
+        pos = (lengths[:, None] - 2 + torch.arange(2, device=dev)).clamp(min=0)
         inp = tokens.gather(1, pos)
-        kv = int(lengths.max()) + k
+        # eager callers without an engine (no kv_len) read the exact bound from the host
+        kv = self.kv_len if self.kv_len is not None else int(lengths.max()) + k
         logits, _ = self.model(inp, pos, last_only=True, kv_len=kv)
         d = logits[:, -1].argmax(-1)
         drafts = [d]
-        p = lengths.clone()
+        p = lengths
         for _ in range(k - 1):
             logits, _ = self.model(d[:, None], p[:, None], kv_len=kv)
             d = logits[:, -1].argmax(-1)
             drafts.append(d)
             p = p + 1
-        self._last_k = k
-        return torch.stack(drafts, dim=1).view(B, k)
-
-    def accept(self, start: Tensor, n_accepted: Tensor, hidden) -> None:
-        # Processed with committed tokens: everything up to the pending token (start),
-        # plus drafts d1..d_{k-1} that were fed back, of which n_accepted are committed.
-        self.done = start + 1 + torch.clamp(n_accepted, max=self._last_k - 1)
+        # Drafts d1..d_{k-1} are now cached at their positions; whatever verify accepts, the
+        # next window rewrites the (at most two) positions whose cached tokens may differ.
+        return torch.stack(drafts, dim=1)
