@@ -20,7 +20,7 @@ import time
 import torch
 
 os.environ.setdefault("SPECPILOT_DATA", "/tmp/specpilot-data")
-from specpilot.costmodel.calibrate import _cuda_time, _graph, calibrate
+from specpilot.costmodel.calibrate import _graph, calibrate, cuda_time
 from specpilot.costmodel.hardware import calibration_path, get_hardware
 from specpilot.costmodel.roofline import ar_step
 from specpilot.costmodel.spec import load_spec
@@ -55,10 +55,10 @@ def _time_batch(s, layers: list, lm: torch.Tensor, b: int) -> dict:
         "lm_head": lambda: [F.linear(x, lm) for _ in range(8)],  # 1.2 GB each: past the L2
     }
     fn, g = _graph(step)
-    row = {"step": _cuda_time(fn, 20) * 1e3}
+    row = {"step": cuda_time(fn, 20) * 1e3}
     for name, f in parts.items():
         fn2, g2 = _graph(f)
-        t = _cuda_time(fn2, 20) * 1e3
+        t = cuda_time(fn2, 20) * 1e3
         row[name] = t / 8 if name == "lm_head" else t
         del g2
     del g

@@ -26,18 +26,9 @@ from specpilot.runtime.random_model import random_transformer
 
 def graph_ms(fn, reps: int = 5, per: int = 20) -> float:
     """Median over `reps` of the mean ms of `per` back-to-back calls (CUDA events)."""
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(per):
-            fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) / per)
-    return sorted(ts)[len(ts) // 2]
+    from specpilot.costmodel.calibrate import cuda_time
+
+    return cuda_time(fn, per, reps) * 1e3
 
 
 @torch.inference_mode()
@@ -120,20 +111,12 @@ def write_profile(path: str, title: str, rows: list[dict], total: float, wall_us
     return lines[0] + "\n" + lines[-1]
 
 
-@torch.inference_mode()
 def gaps(ref_model, prompts, outputs) -> list[float]:
-    """Teacher-force prompt + output through `ref_model` (no cache): for every committed token
-    that is not the reference's top-1, its logit gap to the top-1."""
-    out = []
-    dev = ref_model.device
-    for p, o in zip(prompts, outputs):
-        ids = torch.tensor([p + o], device=dev)
-        lg, _ = ref_model(ids, torch.arange(ids.shape[1], device=dev)[None], use_cache=False)
-        pred = lg[0, len(p) - 1: -1].float()
-        o_t = torch.tensor(o, device=dev)
-        gap = pred.max(-1).values - pred.gather(1, o_t[:, None])[:, 0]
-        out += [round(float(gap[i]), 4) for i in (pred.argmax(-1) != o_t).nonzero().flatten()]
-    return out
+    """For every committed token that is not `ref_model`'s top-1 (teacher-forced, no cache),
+    its logit gap to the top-1."""
+    from benchmarks.gpu_perf import forced_gaps
+
+    return [round(g, 4) for g in forced_gaps(ref_model, prompts, outputs)]
 
 
 @torch.inference_mode()

@@ -94,11 +94,10 @@ def prompts_for(B: int, n: int, vocab: int, seed: int, ragged: bool = False) -> 
 # -- token forcing (tie-aware) ---------------------------------------------------------------
 
 @torch.inference_mode()
-def force(stock, prompts, outputs, margin: float) -> dict:
-    """Teacher-force prompt+output through `stock` (no cache, one row at a time): a committed
-    token that is not the top-1 is a tie when top-1 minus its logit <= margin, else a failure."""
-    mism = ties = fails = 0
-    worst = worst_fail = 0.0
+def forced_gaps(stock, prompts, outputs) -> list[float]:
+    """Teacher-force prompt+output through `stock` (no cache, one row at a time): for every
+    committed token that is not the top-1, top-1 minus its logit."""
+    out = []
     dev = stock.device
     for p, o in zip(prompts, outputs):
         ids = torch.tensor([p + o], device=dev)
@@ -106,16 +105,19 @@ def force(stock, prompts, outputs, margin: float) -> dict:
         pred = lg[0, len(p) - 1: -1].float()
         o_t = torch.tensor(o, device=dev)
         gap = pred.max(-1).values - pred.gather(1, o_t[:, None])[:, 0]
-        for i in (pred.argmax(-1) != o_t).nonzero().flatten().tolist():
-            mism += 1
-            if float(gap[i]) <= margin:
-                ties += 1
-                worst = max(worst, float(gap[i]))
-            else:
-                fails += 1
-                worst_fail = max(worst_fail, float(gap[i]))
-    return {"mismatches": mism, "ties": ties, "failures": fails, "worst_tie": round(worst, 4),
-            "worst_failure": round(worst_fail, 4), "margin": round(margin, 4)}
+        out += [float(gap[i]) for i in (pred.argmax(-1) != o_t).nonzero().flatten().tolist()]
+    return out
+
+
+def force(stock, prompts, outputs, margin: float) -> dict:
+    """Tie-aware token forcing: a committed token that is not the stock top-1 is a tie when
+    top-1 minus its logit <= margin, else a failure."""
+    gaps = forced_gaps(stock, prompts, outputs)
+    ties = [g for g in gaps if g <= margin]
+    fails = [g for g in gaps if g > margin]
+    return {"mismatches": len(gaps), "ties": len(ties), "failures": len(fails),
+            "worst_tie": round(max(ties, default=0.0), 4),
+            "worst_failure": round(max(fails, default=0.0), 4), "margin": round(margin, 4)}
 
 
 @torch.inference_mode()

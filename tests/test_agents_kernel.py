@@ -5,10 +5,6 @@ the W12 switch. One run uses the real Triton kernels under TRITON_INTERPRET=1.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +16,8 @@ from specpilot.engines import EngineSpec, build
 from specpilot.kernels.tuning import Problem
 from specpilot.kernels.w12_triton import KernelConfig
 from specpilot.runtime.knobs import Knobs
+from tests.interpret import interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
 CUBLAS_US = {"o_proj": 50.0, "down_proj": 40.0}  # the two shapes furthest from the bound
 CONFIGS = [KernelConfig(bm=4, bn=8, bk=128), KernelConfig(bm=4, bn=16, bk=128),
            KernelConfig(bm=4, bn=8, bk=128, split_k=2)]  # split_k=2: the buggy one
@@ -173,13 +169,7 @@ def _interpret_child() -> None:
 
 
 def test_tuning_real_kernels_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "import tests.test_agents_kernel as t; t._interpret_child()"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    res = json.loads(line[len("RESULT "):])
+    res = interpreted("tests.test_agents_kernel", "_interpret_child")
     by = {(r["kernel"], r["config"]["bk"]): r for r in res["records"]}
     assert by[("cublas", 512)]["correct"]
     for kern in ("w12", "bf16"):

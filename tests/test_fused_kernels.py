@@ -12,10 +12,6 @@ forcing against the stock (unfused, torch-only) model.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,8 +22,7 @@ from specpilot.runtime.knobs import Knobs
 from specpilot.runtime.model import rms_norm as torch_rms_norm
 from specpilot.runtime.model import rotate_half
 from specpilot.runtime.random_model import random_transformer
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.interpret import interpreted
 
 TINY = ModelConfig(arch="qwen3", vocab_size=256, hidden_size=64, intermediate_size=96,
                    num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, rope_theta=1e4,
@@ -177,13 +172,7 @@ def _child() -> None:
 @pytest.fixture(scope="module")
 def interp() -> dict:
     pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "import tests.test_fused_kernels as t; t._child()"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600, check=False)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("RESULT "):])
+    return interpreted("tests.test_fused_kernels")
 
 
 def _check_kernels(r: dict, tol: float) -> None:

@@ -9,14 +9,10 @@ and outputs are fp32 there (the interpreter mishandles bf16); weights are W12/bf
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.interpret import interpreted
 
 CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
     (24, 200, 1, dict(bm=1, bn=8, bk=128)),
@@ -97,13 +93,7 @@ def _child() -> None:
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(ROOT))
-    code = "import tests.test_w12_interpret as t; t._child()"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=600)
-    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
-    assert line is not None, proc.stderr[-3000:]
-    return json.loads(line[len("RESULT "):])
+    return interpreted("tests.test_w12_interpret")
 
 
 def test_w12_kernel_matches_reference(results):

@@ -42,7 +42,7 @@ def _median_time(fn: Callable[[], object], sync: Callable[[], None], reps: int,
     return statistics.median(out)
 
 
-def _cuda_time(fn: Callable[[], object], reps: int, trials: int = 5) -> float:
+def cuda_time(fn: Callable[[], object], reps: int, trials: int = 5) -> float:
     import torch
 
     fn()
@@ -98,7 +98,7 @@ def calibrate(device: str = "auto", shapes: tuple[tuple[int, int], ...] | None =
             torch.cuda.synchronize()
 
         def timer(fn: Callable[[], object], reps: int) -> float:
-            return _cuda_time(fn, reps)
+            return cuda_time(fn, reps)
     else:
         name = "cpu"
         l2 = 32 << 20
