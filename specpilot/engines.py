@@ -12,6 +12,7 @@ it back; `replay` rebuilds a shipped engine, re-verifies and re-benches it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -70,6 +71,18 @@ def stock_runtime_hash() -> str:
     for d in RUNTIME_DIRS:
         files = [*(PACKAGE / d).rglob("*.py"), *(PACKAGE / d).rglob("tuned/*.json")]
         for f in sorted(files):
+            h.update(f"{f.relative_to(PACKAGE).as_posix()}\n".encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+@cache
+def package_hash() -> str:
+    """sha256 over every source file of the installed package: a build copies the whole
+    package (harness included), so a cached build is reused only while this is unchanged."""
+    h = hashlib.sha256()
+    for f in sorted(PACKAGE.rglob("*")):
+        if f.is_file() and f.suffix in (".py", ".json"):
             h.update(f"{f.relative_to(PACKAGE).as_posix()}\n".encode())
             h.update(f.read_bytes())
     return h.hexdigest()
@@ -134,12 +147,15 @@ def check_overlay_paths(overlay: dict[str, str]) -> None:
 def build(spec: EngineSpec, root: Path | None = None) -> Build:
     """Copy the stock package to `<root>/<hash>/specpilot` and write the overlay over it.
 
-    Idempotent: a finished build (marked by `.complete`) is reused as it is."""
+    Idempotent: a finished build (marked by `.complete`, which records the package it was
+    copied from) is reused while the installed package is the same; else it is rebuilt
+    (the engine hash covers the runtime only, the copy holds the harness too)."""
     check_overlay_paths(spec.overlay)
     digest = spec.hash
     root = root or data_dir() / "builds"
     dest = root / digest
-    if (dest / ".complete").is_file():
+    done = dest / ".complete"
+    if done.is_file() and done.read_text() == f"{digest} {package_hash()}":
         return Build(dest, digest)
     tmp = root / f".{digest}.{os.getpid()}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -151,7 +167,13 @@ def build(spec: EngineSpec, root: Path | None = None) -> Build:
     (tmp / "engine.json").write_text(json.dumps(
         {"hash": digest, "knobs": portable_knobs(spec.knobs), "overlay": sorted(spec.overlay)},
         indent=1))
-    (tmp / ".complete").write_text(digest)
+    mark = f"{digest} {package_hash()}"
+    (tmp / ".complete").write_text(mark)
+    if done.is_file() and done.read_text() != mark:  # copied from another package: replace
+        stale = root / f".{digest}.{os.getpid()}.stale"
+        with contextlib.suppress(OSError):  # another process may be replacing it too
+            dest.rename(stale)
+        shutil.rmtree(stale, ignore_errors=True)
     try:
         tmp.rename(dest)
     except OSError:  # another process finished the same build first

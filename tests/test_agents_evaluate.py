@@ -55,3 +55,23 @@ def test_units_and_speedups(raw):
     assert speedup(slow, res)[1][0] > 1.0
     with pytest.raises(ValueError):
         speedup(res, EvalResult("x", "h3", ok=True, time_s=[1.0], tokens=[1]))
+
+
+def test_worker_times_the_drafter_on_cpu(raw):
+    split = raw["split"]
+    assert 0 < split["draft_s"] < split["generate_s"]
+
+
+def test_cost_model_splits_the_step_into_draft_and_verify():
+    from specpilot.agents.inputs import cost_model
+    from specpilot.deployment import load_deployment
+
+    dep = load_deployment("tiny-cpu")
+    measured = {"stock_accept_length": 2.5, "stock_tok_s_by_batch": {1: 200.0, 4: 400.0},
+                "stock_accept_hist": [10, 5, 5, 5, 5]}
+    for frac, draft, verify in ((0.25, 1.25, 3.75), (None, 0.0, 5.0)):
+        gaps, _, floor = cost_model(dep, {**measured, "stock_draft_fraction": frac})
+        by = {g["name"]: g for g in gaps}
+        assert by["draft"]["measured_ms"] == pytest.approx(draft)  # 5 ms/token at 200 tok/s
+        assert by["verify"]["measured_ms"] == pytest.approx(verify)
+        assert 0 < floor < 1 / 200

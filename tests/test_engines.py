@@ -65,6 +65,20 @@ def test_build_runs_the_overlay_code(tmp_path):
     assert 'name = "ngram"' in (ROOT / NGRAM).read_text()
 
 
+def test_a_build_from_another_package_is_rebuilt(tmp_path):
+    """The engine hash covers the runtime only; a cached build also holds the harness
+    (worker, bench), so a build copied from an older package is not reused."""
+    spec = EngineSpec("d", "x", Knobs(drafter="ngram"))
+    b = build(spec, tmp_path)
+    worker = b.path / "specpilot" / "agents" / "worker.py"
+    worker.write_text("# an older harness\n")
+    (b.path / ".complete").write_text(spec.hash)  # as builds were marked before
+    again = build(spec, tmp_path)
+    assert again == b and worker.read_text() == (ROOT / "specpilot/agents/worker.py").read_text()
+    worker.write_text("# a local edit\n")  # same package mark: reused as it is
+    assert build(spec, tmp_path) == b and worker.read_text() == "# a local edit\n"
+
+
 def test_overlay_paths_must_be_package_files(tmp_path):
     for bad in ("../etc/passwd", "/etc/passwd", "specpilot/nope.py", "specpilot/runtime/nope.py",
                 "specpilot/kernels/tuned/../../bench/x.json"):

@@ -59,6 +59,7 @@ class EvalResult:
     steps: list[int] = field(default_factory=list)  # verify steps per unit
     batch: list[int] = field(default_factory=list)  # batch size of each unit
     accept_hist: list[int] = field(default_factory=list)  # steps that accepted i drafts
+    draft_fraction: float | None = None  # of generate time spent proposing (CPU only)
     wall_s: float = 0.0
 
     @property
@@ -202,6 +203,9 @@ class EvaluatorCore:
             return res
         res.ok = True
         res.accept_hist = raw.get("accept_hist") or []
+        split = raw.get("split") or {}
+        if split.get("generate_s"):
+            res.draft_fraction = split["draft_s"] / split["generate_s"]
         benches = raw.get("bench") or {}
         for b in req.batch_sizes:
             if str(b) in benches:

@@ -98,9 +98,12 @@ def _roofline(dep: Deployment, measured: dict) -> tuple[list[dict], dict[int, in
     tps = float(measured["stock_accept_length"])
     tok_s = float(measured["stock_tok_s_by_batch"][b])
     step_ms = 1000.0 * b * tps / tok_s
-    # the runtime reports no draft/verify split yet: the whole step is charged to verify
-    rep = rank_gaps(Profile(batch_size=b, tokens_per_step=tps, verify_ms=step_ms, k=k),
-                    bounds, hw)
+    # the share of the step spent proposing, timed by the evaluation worker (CPU); where it
+    # is unknown (GPU: proposals run inside the step graph) the whole step counts as verify
+    f = measured.get("stock_draft_fraction")
+    draft_ms = step_ms * f if f is not None else 0.0
+    rep = rank_gaps(Profile(batch_size=b, tokens_per_step=tps, draft_ms=draft_ms,
+                            verify_ms=step_ms - draft_ms, k=k), bounds, hw)
     gaps = [{"name": g.name, "ms_per_token": g.gap_ms, "measured_ms": g.measured_ms,
              "bound_ms": g.bound_ms, "note": g.reason[:200], "flag": g.flag}
             for g in rep.gaps]

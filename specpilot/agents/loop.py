@@ -402,6 +402,7 @@ class Search:
             measured = {"stock_tok_s": sres.tok_s, "ar_tok_s": self.st.results[ar.hash].tok_s,
                         "stock_accept_length": sres.accept_length,
                         "stock_accept_hist": sres.accept_hist,
+                        "stock_draft_fraction": sres.draft_fraction,
                         "stock_steps": sum(sres.steps), "stock_s": float(sum(sres.time_s)),
                         "stock_tokens": sum(sres.tokens),
                         "stock_tok_s_by_batch": sres.tok_s_by_batch(),

@@ -42,6 +42,38 @@ def count_accepts(runner) -> list[int]:
     return hist
 
 
+def time_drafts(runner) -> dict:
+    """On a CPU, the wall time of the drafter's proposals and of the generate calls they
+    belong to, from now on ({"draft_s", "generate_s"}, summed): the draft/verify split the
+    cost model's gap table needs. On a GPU proposals run inside captured step graphs, so
+    nothing is timed there (the dict stays empty)."""
+    import time as _t
+
+    acc: dict = {}
+    engine, drafter = runner.engine, runner.engine.drafter
+    if drafter is None or runner.device != "cpu":
+        return acc
+    acc.update(draft_s=0.0, generate_s=0.0)
+    propose, generate = drafter.propose, engine.generate
+
+    def timed_propose(*args, **kwargs):
+        t = _t.perf_counter()
+        try:
+            return propose(*args, **kwargs)
+        finally:
+            acc["draft_s"] += _t.perf_counter() - t
+
+    def timed_generate(*args, **kwargs):
+        t = _t.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            acc["generate_s"] += _t.perf_counter() - t
+
+    drafter.propose, engine.generate = timed_propose, timed_generate
+    return acc
+
+
 def outputs(runner, prompts: list[list[int]], batch: int, max_new_tokens: int) -> list[dict]:
     """Untimed generation of `prompts` in batches: records for token forcing."""
     out = []
@@ -66,8 +98,9 @@ def run(req: dict) -> dict:
     batches, mnt = [int(b) for b in req["batch_sizes"]], int(req["max_new_tokens"])
     runner = LocalRunner(req["target"], Knobs.from_dict(req["knobs"]), req["device"],
                          req["dtype"])
+    split = time_drafts(runner)
     hist = count_accepts(runner)
-    res: dict = {"ok": True, "package": pkg, "bench": {}, "accept_hist": hist}
+    res: dict = {"ok": True, "package": pkg, "bench": {}, "accept_hist": hist, "split": split}
     if req["prompts"]:
         dev = PromptSet("dev", "", [{"id": str(i), "prompt_ids": p}
                                     for i, p in enumerate(req["prompts"])])
