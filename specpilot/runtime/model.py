@@ -423,17 +423,17 @@ class Transformer(nn.Module):
         saved = []
         want = set(hidden_layers)
         pending = None  # with the kernels on: the last layer output's MLP term, not yet added
+        args = (cos, sin, positions, mask, kv_len if use_cache else None)
         for i, layer in enumerate(self.model.layers):
-            attn = layer.self_attn
-            cache = attn.kv_cache
-            if not use_cache:
-                attn.kv_cache = None
-            args = (cos, sin, positions, mask, kv_len if use_cache else None)
+            if not use_cache:  # the layer runs without its cache, which is kept as it is
+                attn = layer.self_attn
+                cache, attn.kv_cache = attn.kv_cache, None
             if self.kernels:
                 x, pending = layer.forward_pending(x, pending, *args)
             else:
                 x = layer(x, *args)
-            attn.kv_cache = cache
+            if not use_cache:
+                attn.kv_cache = cache
             if i in want:
                 saved.append(x if pending is None else x + pending)
         if pending is not None:
