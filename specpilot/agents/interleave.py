@@ -4,9 +4,12 @@ A machine's speed drifts (other processes, clock frequency, a neighbour on the h
 engines timed one after the other, tens of seconds apart, can differ by more than the
 effect a search looks for. Here every engine is loaded once, in a process of its own
 (`worker --serve`, with its build first on PYTHONPATH); then, round after round, each
-chunk of prompts (one batch) is run by every engine in turn, the order rotated from chunk
-to chunk, so all engines meet the same machine within seconds of each other and a paired
-comparison of their per-request times cancels the drift. One engine runs at a time: the
+chunk of prompts (one batch) is run by every engine in turn, so all engines meet the same
+machine within seconds of each other and a paired comparison of their per-request times
+cancels the drift. The order is drawn at random for every chunk: an engine runs faster
+right after one that executes the same code (the shared libraries' code is then warm in
+the CPU caches; identical engines measured 1.06x apart when one always followed the
+other), so a fixed order would favour whoever follows a similar engine. One engine runs at a time: the
 others wait on their pipes. An engine that crashes, raises or hangs is dropped with its
 reason; the others go on.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import selectors
 import signal
 import statistics
@@ -126,10 +130,11 @@ class EngineProcess:
 
 def interleaved(entrants: list[Entrant], target: str, device: str, dtype: str,
                 prompts: list[list[int]], batch_sizes: list[int], max_new_tokens: int,
-                rounds: int = 2, limit_s: float = 600.0) -> dict[str, Timed]:
+                rounds: int = 2, limit_s: float = 600.0, seed: int = 0) -> dict[str, Timed]:
     """Time every entrant on `prompts` at each batch size, `rounds` times, alternating
-    engines chunk by chunk (after one untimed warm-up chunk each). Units and their order
-    are `EvalResult`'s: (batch size, request) pairs, per batch size in request order."""
+    engines chunk by chunk (after one untimed warm-up chunk each), in a fresh seeded random
+    order for every chunk. Units and their order are `EvalResult`'s: (batch size, request)
+    pairs, per batch size in request order."""
     import tempfile
 
     times: dict[str, dict[tuple[int, int], list[float]]] = {e.name: {} for e in entrants}
@@ -143,13 +148,11 @@ def interleaved(entrants: list[Entrant], target: str, device: str, dtype: str,
             for b in batch_sizes:  # warm-up: the first chunk of each batch size
                 for p in procs:
                     p.call(prompts[:b], max_new_tokens)
-            n = 0
+            rng = random.Random(seed)
             for _ in range(rounds):
                 for b in batch_sizes:
                     for s in range(0, len(prompts), b):
-                        n += 1
-                        k = n % len(procs)
-                        for p in procs[k:] + procs[:k]:
+                        for p in rng.sample(procs, len(procs)):
                             got = p.call(prompts[s:s + b], max_new_tokens)
                             for i, r in enumerate(got or []):
                                 unit = (b, s + i)
