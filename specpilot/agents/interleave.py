@@ -2,16 +2,16 @@
 
 A machine's speed drifts (other processes, clock frequency, a neighbour on the host): two
 engines timed one after the other, tens of seconds apart, can differ by more than the
-effect a search looks for. Here every engine is loaded once, in a process of its own
-(`worker --serve`, with its build first on PYTHONPATH); then, round after round, each
-chunk of prompts (one batch) is run by every engine in turn, so all engines meet the same
-machine within seconds of each other and a paired comparison of their per-request times
-cancels the drift. The order is drawn at random for every chunk: an engine runs faster
-right after one that executes the same code (the shared libraries' code is then warm in
-the CPU caches; identical engines measured 1.06x apart when one always followed the
-other), so a fixed order would favour whoever follows a similar engine. One engine runs at a time: the
-others wait on their pipes. An engine that crashes, raises or hangs is dropped with its
-reason; the others go on.
+effect a search looks for. Here, every round, every engine is loaded in a process of its
+own (`worker --serve`, with its build first on PYTHONPATH); then each chunk of prompts
+(one batch) is run by every engine in turn, so all engines meet the same machine within
+seconds of each other and a paired comparison of their per-request times cancels the
+drift. The order is drawn at random for every chunk: an engine runs faster right after one
+that executes the same code (the shared libraries' code is then warm in the CPU caches;
+identical engines measured 1.06x apart when one always followed the other). Fresh
+processes every round average out each process's own speed. One engine runs at a time:
+the others wait on their pipes. An engine that crashes, raises or hangs is dropped with
+its reason; the others go on.
 """
 
 from __future__ import annotations
@@ -132,24 +132,29 @@ def interleaved(entrants: list[Entrant], target: str, device: str, dtype: str,
                 prompts: list[list[int]], batch_sizes: list[int], max_new_tokens: int,
                 rounds: int = 2, limit_s: float = 600.0, seed: int = 0) -> dict[str, Timed]:
     """Time every entrant on `prompts` at each batch size, `rounds` times, alternating
-    engines chunk by chunk (after one untimed warm-up chunk each), in a fresh seeded random
-    order for every chunk. Units and their order are `EvalResult`'s: (batch size, request)
-    pairs, per batch size in request order."""
+    engines chunk by chunk in a fresh seeded random order for every chunk. Each round
+    starts every engine in a new process (and runs one untimed warm-up chunk per batch
+    size): a process has a speed of its own (memory placement), which a single process
+    would turn into a bias. Units and their order are `EvalResult`'s: (batch size,
+    request) pairs, per batch size in request order, each the median over the rounds."""
     import tempfile
 
     times: dict[str, dict[tuple[int, int], list[float]]] = {e.name: {} for e in entrants}
     first: dict[str, dict[tuple[int, int], dict]] = {e.name: {} for e in entrants}
     stable = {e.name: True for e in entrants}
+    errors: dict[str, str] = {}
+    rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="specpilot-interleave-") as tmp:
-        procs: list[EngineProcess] = []
-        try:
-            for e in entrants:
-                procs.append(EngineProcess(e, target, device, dtype, Path(tmp), limit_s))
-            for b in batch_sizes:  # warm-up: the first chunk of each batch size
-                for p in procs:
-                    p.call(prompts[:b], max_new_tokens)
-            rng = random.Random(seed)
-            for _ in range(rounds):
+        for _ in range(rounds):
+            procs: list[EngineProcess] = []
+            try:
+                for e in entrants:
+                    if e.name not in errors:
+                        procs.append(EngineProcess(e, target, device, dtype, Path(tmp),
+                                                   limit_s))
+                for b in batch_sizes:  # warm-up: the first chunk of each batch size
+                    for p in procs:
+                        p.call(prompts[:b], max_new_tokens)
                 for b in batch_sizes:
                     for s in range(0, len(prompts), b):
                         for p in rng.sample(procs, len(procs)):
@@ -159,25 +164,28 @@ def interleaved(entrants: list[Entrant], target: str, device: str, dtype: str,
                                 times[p.name].setdefault(unit, []).append(float(r["time_s"]))
                                 seen = first[p.name].setdefault(unit, r)
                                 stable[p.name] &= seen["output_ids"] == r["output_ids"]
-        finally:
-            for p in procs:
-                p.close()
-        out = {}
-        for e, p in zip(entrants, procs):
-            res = EvalResult(cid=e.name, hash=e.hash, ok=p.alive, reason=p.error)
-            records, keys = [], set()
-            if p.alive:
-                for b in batch_sizes:
-                    for i, prompt in enumerate(prompts):
-                        r = first[e.name][(b, i)]
-                        res.time_s.append(statistics.median(times[e.name][(b, i)]))
-                        res.tokens.append(int(r["new_tokens"]))
-                        res.steps.append(int(r["verify_steps"]))
-                        res.batch.append(int(b))
-                        key = (tuple(prompt), tuple(r["output_ids"]))
-                        if key not in keys:
-                            keys.add(key)
-                            records.append({"prompt_ids": prompt, "output_ids": r["output_ids"],
-                                            "finish_reason": r["finish_reason"]})
-            out[e.name] = Timed(res, records, stable[e.name])
+            finally:
+                for p in procs:
+                    p.close()
+                    if p.error:
+                        errors[p.name] = p.error
+    out = {}
+    for e in entrants:
+        res = EvalResult(cid=e.name, hash=e.hash, ok=e.name not in errors,
+                         reason=errors.get(e.name, ""))
+        records, keys = [], set()
+        if res.ok:
+            for b in batch_sizes:
+                for i, prompt in enumerate(prompts):
+                    r = first[e.name][(b, i)]
+                    res.time_s.append(statistics.median(times[e.name][(b, i)]))
+                    res.tokens.append(int(r["new_tokens"]))
+                    res.steps.append(int(r["verify_steps"]))
+                    res.batch.append(int(b))
+                    key = (tuple(prompt), tuple(r["output_ids"]))
+                    if key not in keys:
+                        keys.add(key)
+                        records.append({"prompt_ids": prompt, "output_ids": r["output_ids"],
+                                        "finish_reason": r["finish_reason"]})
+        out[e.name] = Timed(res, records, stable[e.name])
     return out
