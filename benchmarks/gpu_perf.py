@@ -121,7 +121,7 @@ def force(stock, prompts, outputs, margin: float) -> dict:
 
 
 @torch.inference_mode()
-def noise(stock, rows: list[list[int]], tail: int = 16) -> float:
+def noise(stock, rows: list[list[int]], tail: int = 16, max_rows: int = 4) -> float:
     """Numeric noise of the stock model: max |logit difference| between passes over the same
     tokens with other shapes: batch 1 vs batched (no cache), and one full pass vs a cached
     prefill followed by `tail` one-token decode steps (the kernels a decode uses)."""
@@ -131,7 +131,7 @@ def noise(stock, rows: list[list[int]], tail: int = 16) -> float:
     big, _ = stock(ids, pos, use_cache=False)
     worst = 0.0
     stock.setup_cache(1, L + 8)
-    for i in range(min(ids.shape[0], 4)):
+    for i in range(min(ids.shape[0], max_rows)):
         one, _ = stock(ids[i:i + 1], pos[:1], use_cache=False)
         worst = max(worst, float((one[0] - big[i]).abs().max()))
         pre, _ = stock(ids[i:i + 1, :L - tail], pos[:1, :L - tail])

@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from benchmarks.gpu_perf import noise as logit_noise
 from specpilot.runtime.config import ModelConfig
 from specpilot.runtime.drafters.block import BlockDrafter, init_block_drafter
 from specpilot.runtime.drafters.draft_model import DraftModelDrafter
@@ -80,29 +81,6 @@ def teacher_force(model: Transformer, rows: list[list[int]]) -> list[torch.Tenso
     return out
 
 
-@torch.inference_mode()
-def logit_noise(model: Transformer, rows: list[list[int]], tail: int = 16) -> float:
-    """Numeric noise of the stock target: max |logit difference| between passes over the same
-    tokens with other shapes: batch 1 vs batch 8 (no cache), and one full pass vs a cached
-    prefill followed by `tail` one-token decode steps (the kernels a decode uses)."""
-    L = min(len(r) for r in rows)
-    batch = torch.tensor([r[:L] for r in rows], device=DEV)
-    pos = torch.arange(L, device=DEV)[None].expand_as(batch)
-    big, _ = model(batch, pos, use_cache=False)
-    worst = 0.0
-    model.setup_cache(1, L + 8)
-    for i in range(batch.shape[0]):
-        one, _ = model(batch[i:i + 1], pos[:1], use_cache=False)
-        worst = max(worst, float((one[0] - big[i]).abs().max()))
-        pre, _ = model(batch[i:i + 1, :L - tail], pos[:1, :L - tail])
-        steps = [pre[0]]
-        for t in range(L - tail, L):
-            lg, _ = model(batch[i:i + 1, t:t + 1], pos[:1, t:t + 1], kv_len=t + 1)
-            steps.append(lg[0])
-        worst = max(worst, float((torch.cat(steps) - one[0]).abs().max()))
-    return worst
-
-
 def lossless_report(model, prompts, outputs, margin) -> dict:
     """Teacher-force prompt+output; count mismatches, ties (within margin), failures."""
     rows = [p + o for p, o in zip(prompts, outputs)]
@@ -143,7 +121,8 @@ def part_a(log: dict) -> bool:
     N = N_NEW
     ar = Engine(target).generate(prompts, N, ignore_eos=True)
     ar_out = [o.output_ids for o in ar]
-    noise = logit_noise(target, [p + o for p, o in zip(prompts, ar_out)])
+    rows_ = [p + o for p, o in zip(prompts, ar_out)]
+    noise = logit_noise(target, rows_, max_rows=len(rows_))
     margin = 2 * noise  # two tokens' logits, each off by up to `noise`
     drafters = {
         "ngram": NgramDrafter(3, 1),

@@ -47,30 +47,23 @@ def time_drafts(runner) -> dict:
     belong to, from now on ({"draft_s", "generate_s"}, summed): the draft/verify split the
     cost model's gap table needs. On a GPU proposals run inside captured step graphs, so
     nothing is timed there (the dict stays empty)."""
-    import time as _t
-
     acc: dict = {}
     engine, drafter = runner.engine, runner.engine.drafter
     if drafter is None or runner.device != "cpu":
         return acc
     acc.update(draft_s=0.0, generate_s=0.0)
-    propose, generate = drafter.propose, engine.generate
 
-    def timed_propose(*args, **kwargs):
-        t = _t.perf_counter()
-        try:
-            return propose(*args, **kwargs)
-        finally:
-            acc["draft_s"] += _t.perf_counter() - t
+    def timed(fn, key: str):
+        def call(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.perf_counter() - t
+        return call
 
-    def timed_generate(*args, **kwargs):
-        t = _t.perf_counter()
-        try:
-            return generate(*args, **kwargs)
-        finally:
-            acc["generate_s"] += _t.perf_counter() - t
-
-    drafter.propose, engine.generate = timed_propose, timed_generate
+    drafter.propose = timed(drafter.propose, "draft_s")
+    engine.generate = timed(engine.generate, "generate_s")
     return acc
 
 
