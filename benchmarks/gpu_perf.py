@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/gpu_perf.py [--budget-s 270] [--out DIR]
         [--sections check,ar,verify,spec,attn] [--sizes 8b,32b] [--batches 1,8,32] [--kernels]
+        [--gemv] [--drafts 0.6b,eagle]
     .venv/bin/python benchmarks/gpu_perf.py --smoke      # CPU, tiny model: exercises the code
 
 Sections (--sections, a comma list, default all), in order, each skipped once the time
@@ -15,8 +16,9 @@ budget is spent (the JSON is rewritten after each, so a cut run keeps what it me
   verify  verify(k) step / AR step for k = 2..16 at batch 1/8/32 (graph replays).
   spec    speculative tokens/s vs AR of the same prompts (measured in the section) with the
           oracle drafter (recorded on each spec engine's own path), alpha 0.6/0.8/0.9/1.0 at
-          the cost model's best k (batch 1: also k = 4..8 at alpha 0.8), drafting cost none or
-          a 0.6B-class draft model (graphed, eager, with the fused kernels); accept length vs
+          the cost model's best k (batch 1: also k = 4..8 at alpha 0.8), drafting cost none, a
+          0.6B-class draft model or an EAGLE-class head of the target's width (--drafts;
+          graphed, eager, with the fused kernels); accept length vs
           the geometric expectation; every output token-forced against the stock target.
   attn    decode step vs attended cache prefix (kv_len) at batch 8.
   peer    HF transformers generate() on the same 8B-class config (benchmarks/hf_peer.py).
@@ -457,8 +459,11 @@ def spec_section(model, preset: str, dt, batches: list[int], stock_check: bool, 
     if stock_check and left() > 60:
         stock = random_transformer(preset, dev, dt, seed=0, fused=False)
     drafts: dict = {"none": None}
-    if left() > 60:
-        dp = "tiny" if ARGS.smoke else "0.6b"
+    names = ["tiny"] if ARGS.smoke else [d.replace("eagle", f"eagle-{preset}")
+                                        for d in ARGS.drafts.split(",") if d]
+    for dp in names:
+        if left() < 60:
+            break
         drafts[dp] = random_transformer(dp, dev, dt, seed=9, fused=model.fused)
         if dev == "cuda" and model.fused:  # the draft model with the fused Triton kernels
             dk = random_transformer(dp, dev, dt, seed=9, fused=True)
@@ -558,6 +563,9 @@ def main() -> int:
     ap.add_argument("--gemv", action="store_true",
                     help="ar/verify/spec/attn targets use the Triton bf16 GEMV backend (knob "
                          "gemv = auto) where the tuned table says it beats cuBLAS")
+    ap.add_argument("--drafts", default="0.6b,eagle",
+                    help="spec: draft-model presets whose cost the oracle pays (eagle = the "
+                         "EAGLE-class head of the target's size, eagle-8b / eagle-32b)")
     ap.add_argument("--peer", action="store_true", help="also run benchmarks/hf_peer.py (8b)")
     ARGS = ap.parse_args()
     ARGS.sections = [x.strip() for x in ARGS.sections.split(",") if x.strip()]

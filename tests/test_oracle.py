@@ -4,13 +4,15 @@ law; whatever it proposes (records that lie too), the output is the greedy outpu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from specpilot.runtime.drafters.oracle import OracleDrafter, parse_oracle
+from specpilot.runtime.drafters.oracle import OracleDrafter, load_oracle, parse_oracle
 from specpilot.runtime.errors import CheckpointError
 from specpilot.runtime.generate import Engine
-from specpilot.runtime.random_model import random_transformer
+from specpilot.runtime.random_model import preset_config, random_transformer
 
 K = 4
 
@@ -115,6 +117,24 @@ def test_draft_cost_model_eager_or_graphed_same_output(target, prompts, greedy):
         ora, _, gens = run(target, prompts[:3], 0.8, draft_model=draft, draft_graphs=graphs)
         assert ora.graph_safe is graphs
         assert [g.output_ids for g in gens] == greedy[:3]
+
+
+def test_draft_head_with_a_smaller_vocabulary(target, prompts, greedy):
+    """An EAGLE-class head's cost: its vocabulary is smaller than the target's; it is fed the
+    token ids modulo its size and its output is discarded, so the output stays greedy."""
+    cfg = dataclasses.replace(preset_config("tiny"), vocab_size=64)
+    draft = random_transformer(cfg, "cpu", "float32", seed=12)
+    seen = []
+    embed = draft.model.embed_tokens
+    embed.register_forward_pre_hook(lambda m, a: seen.append(int(a[0].max())))
+    _, _, gens = run(target, prompts[:3], 0.8, draft_model=draft, draft_graphs=False)
+    assert [g.output_ids for g in gens] == greedy[:3]
+    assert seen and max(seen) < 64
+
+
+def test_load_oracle_checks_the_draft_vocabulary(target):
+    with pytest.raises(CheckpointError, match="larger than the target"):
+        load_oracle("oracle:draft=eagle-8b", target, None, "cpu", torch.float32)
 
 
 def test_parse_oracle_args():

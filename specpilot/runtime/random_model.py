@@ -1,7 +1,8 @@
 """Random-weight Qwen3 models built directly on a device (perf-only deployments, `random:NAME`).
 
 Shapes come from the cost model's presets (`specpilot.costmodel.spec.PRESETS`: 8b, 32b)
-plus small draft-model classes here (0.6b, 1.7b). Weights are N(0, std) (the LM head may get
+plus small draft-model classes here (0.6b, 1.7b, and the EAGLE-class heads eagle-8b and
+eagle-32b). Weights are N(0, std) (the LM head may get
 a larger std: peakier logits, so near-ties between the top two tokens are rarer and greedy
 outputs are stable across kernels), norms 1, built in the target dtype without a CPU copy.
 """
@@ -23,6 +24,17 @@ DRAFT_PRESETS: dict[str, dict] = {
     "1.7b": {"vocab_size": 151936, "hidden_size": 2048, "num_hidden_layers": 28,
              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
              "intermediate_size": 6144, "tie_word_embeddings": True},
+    # The per-step cost of an EAGLE-3-class draft head for the 8B/32B targets: one decoder
+    # layer of the target's width and a 32k-token draft vocabulary. Its feature-fusion fc
+    # (3 * hidden -> hidden, ~3 hidden^2 weights) is counted by widening the MLP by
+    # `hidden` (the MLP holds 3 * hidden weights per intermediate unit), so the bytes read
+    # per step match. A cost model of drafting only: the oracle drafter discards its output.
+    "eagle-8b": {"vocab_size": 32000, "hidden_size": 4096, "num_hidden_layers": 1,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                 "intermediate_size": 12288 + 4096},
+    "eagle-32b": {"vocab_size": 32000, "hidden_size": 5120, "num_hidden_layers": 1,
+                  "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+                  "intermediate_size": 25600 + 5120},
     # for tests and CPU smoke runs
     "tiny": {"vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2,
              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,

@@ -14,13 +14,14 @@ batch (its prompts in order) is recorded once per engine and k. Records given ex
 (constructor or file) are used as they are; only prompts missing from them are recorded.
 
 Drafting cost is modelled by running k one-token steps of a random draft model of a preset
-size (`draft=0.6b`) each propose and discarding their output; with `draft_graphs` (default)
+size (`draft=0.6b`, or an EAGLE-class head `draft=eagle-8b` whose smaller vocabulary is
+fed the token ids modulo its size) each propose and discarding their output; with `draft_graphs` (default)
 they are captured in the engine's step graph per (batch, k, KV bucket) like a real draft
 model's steps, else they run eagerly before the graphed verify. The target still verifies
 every draft, so the output is the target's greedy output whatever the oracle proposes.
 
-ARGS: comma-separated `alpha=0.8`, `seed=0`, `draft=none|0.6b|1.7b|...`, `draft_graphs=1|0`
-and optionally a path to a JSON records file (`[{"prompt": [...], "output": [...]}, ...]`).
+ARGS: comma-separated `alpha=0.8`, `seed=0`, `draft=none|0.6b|1.7b|eagle-8b|...`,
+`draft_graphs=1|0` and optionally a path to a JSON records file (`[{"prompt": [...], "output": [...]}, ...]`).
 """
 
 from __future__ import annotations
@@ -242,6 +243,9 @@ class OracleDrafter(Drafter):
         kv = min(kv, m.max_seq_len)
         x = tokens.gather(1, (lengths - 1)[:, None])
         pos = (lengths - 1)[:, None]
+        Vd = m.cfg.vocab_size  # a draft head with a smaller vocabulary (EAGLE-3-class)
+        if Vd < self.target.cfg.vocab_size:  # reads one embedding row per token either way
+            x, drafts = x % Vd, drafts % Vd
         for j in range(drafts.shape[1]):
             m.step(x, pos + j, kv_len=kv)
             x = drafts[:, j: j + 1]
@@ -253,13 +257,15 @@ def load_oracle(spec: str, target: Transformer, knobs, device, dtype) -> OracleD
     args = parse_oracle(spec)
     draft = None
     if args.draft not in ("", "none"):
-        from ..random_model import random_transformer
+        from ..random_model import preset_config, random_transformer
 
-        draft = random_transformer(args.draft, target.device, target.dtype, seed=args.seed + 1,
-                                   fused=target.fused)
-        if draft.cfg.vocab_size != target.cfg.vocab_size:
+        cfg = preset_config(args.draft)
+        if cfg.vocab_size > target.cfg.vocab_size:
             raise CheckpointError(f"oracle draft preset {args.draft!r} has vocabulary "
-                                  f"{draft.cfg.vocab_size}, the target {target.cfg.vocab_size}")
+                                  f"{cfg.vocab_size}, larger than the target's "
+                                  f"{target.cfg.vocab_size}: pick a smaller draft preset")
+        draft = random_transformer(cfg, target.device, target.dtype, seed=args.seed + 1,
+                                   fused=target.fused)
     records = OracleDrafter.load_records(args.records) if args.records else None
     return OracleDrafter(target, args.alpha, args.seed, draft, records,
                          draft_graphs=args.draft_graphs)
