@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python3 benchmarks/gpu_perf.py [--budget-s 270] [--out DIR]
         [--sections check,ar,verify,spec,attn] [--sizes 8b,32b] [--batches 1,8,32] [--kernels]
-        [--gemv] [--drafts 0.6b,eagle]
+        [--gemv] [--attention triton|sdpa] [--drafts 0.6b,eagle]
     .venv/bin/python benchmarks/gpu_perf.py --smoke      # CPU, tiny model: exercises the code
 
 Sections (--sections, a comma list, default all), in order, each skipped once the time
@@ -324,6 +324,17 @@ def step_ms(model, B: int, T: int, kv_len: int, pos0: int = 150) -> float:
     return time_ms(lambda: g.run((B, T, kv_len), fn))
 
 
+def engine_defaults(model) -> None:
+    """The engine's other GPU defaults on a fused model with the fused kernels on, as the
+    flags ask: the Triton attention kernel and the Triton GEMV backend."""
+    if ARGS.attention == "triton":
+        getattr(model, "set_attention_kernel", lambda on: False)(True)
+    if ARGS.gemv:
+        from specpilot.kernels.gemv_bf16 import apply_gemv
+
+        apply_gemv(model)
+
+
 @torch.inference_mode()
 def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> None:
     dev = ARGS.device
@@ -332,6 +343,9 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     if ARGS.kernels:
         on = getattr(model, "set_fused_kernels", lambda on: False)(True)
         print(f"[{preset}] fused Triton elementwise kernels: {'on' if on else 'unavailable'}")
+        on = ARGS.attention == "triton" and getattr(model, "set_attention_kernel",
+                                                    lambda on: False)(True)
+        print(f"[{preset}] decode/verify attention: {'Triton kernel' if on else 'SDPA'}")
     if ARGS.gemv and dev == "cuda":
         from specpilot.kernels.gemv_bf16 import apply_gemv
 
@@ -468,6 +482,7 @@ def spec_section(model, preset: str, dt, batches: list[int], stock_check: bool, 
         if dev == "cuda" and model.fused:  # the draft model with the fused Triton kernels
             dk = random_transformer(dp, dev, dt, seed=9, fused=True)
             if getattr(dk, "set_fused_kernels", lambda on: False)(True):
+                engine_defaults(dk)
                 drafts[dp + "+kern"] = dk
     print(f"\n[spec] {preset}: oracle drafter vs AR of the same prompts ({n_new} new tokens); "
           f"k = cost model's best; expect = (1-a^(k+1))/(1-a); a^ = measured per-draft rate")
@@ -563,6 +578,9 @@ def main() -> int:
     ap.add_argument("--gemv", action="store_true",
                     help="ar/verify/spec/attn targets use the Triton bf16 GEMV backend (knob "
                          "gemv = auto) where the tuned table says it beats cuBLAS")
+    ap.add_argument("--attention", choices=("triton", "sdpa"), default="triton",
+                    help="with --kernels: decode/verify attention through the Triton kernel "
+                         "(knob attention = auto on CUDA) or SDPA")
     ap.add_argument("--drafts", default="0.6b,eagle",
                     help="spec: draft-model presets whose cost the oracle pays (eagle = the "
                          "EAGLE-class head of the target's size, eagle-8b / eagle-32b)")

@@ -34,6 +34,7 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
         model = load_model(path, device, dtype)
         if str(device).startswith("cuda") and knobs.fused_proj:
             model.fuse_projections(kernels=knobs.fused_kernels)
+            apply_attention_knob(model, knobs)
         apply_linear_knobs(model, knobs)
         if model.cfg.vocab_size != target.cfg.vocab_size:
             raise CheckpointError(
@@ -46,6 +47,15 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
 
         return load_block_drafter(path, target, device, dtype)
     raise CheckpointError(f"unknown drafter kind {kind!r}: use ngram, draft:DIR or block:DIR")
+
+
+def apply_attention_knob(model: Transformer, knobs: Knobs) -> bool:
+    """`attention`: the Triton split-KV kernel for decode/verify steps ("triton"; "auto"
+    on a CUDA bf16 model) or SDPA. It applies only to a fused CUDA model with head dim 64
+    or 128 (`Transformer.set_attention_kernel`); returns whether it is on."""
+    on = knobs.attention == "triton" or (knobs.attention == "auto"
+                                         and model.dtype == torch.bfloat16)
+    return model.set_attention_kernel(on)
 
 
 def check_linear_knobs(knobs: Knobs, device: str, dtype: str | torch.dtype) -> None:
@@ -92,6 +102,7 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
         tokenizer = Tokenizer(model_dir)
     if device == "cuda" and knobs.fused_proj:
         target.fuse_projections(kernels=knobs.fused_kernels)
+        apply_attention_knob(target, knobs)
     # the block drafter reads the target's lm_head.weight: keep that layer dense for it
     block = (knobs.drafter or "").startswith("block:")
     apply_linear_knobs(target, knobs, skip=("lm_head",) if block else ())

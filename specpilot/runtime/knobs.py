@@ -25,6 +25,9 @@ class Knobs:
     fused_proj: bool = True  # one qkv and one gate_up GEMM per layer (CUDA only; copies weights)
     fused_kernels: bool = True  # Triton norm/RoPE/cache-write/silu kernels (CUDA, fused_proj)
     kv_bucket: int = 256  # attend to the cache prefix rounded up to this (CUDA); 0 = all of it
+    # decode/verify attention: "triton" (split-KV kernel; CUDA, fused_proj, head dim 64/128)
+    # | "sdpa" | "auto" (triton on CUDA bf16, sdpa elsewhere)
+    attention: str = "auto"
 
     def k_for(self, batch_size: int) -> int:
         if self.drafter is None:
@@ -72,6 +75,9 @@ class Knobs:
         if self.kv_bucket < 0 or self.kv_bucket % 16:
             raise SpecPilotError(f"kv_bucket must be 0 or a positive multiple of 16, "
                                  f"got {self.kv_bucket}")
+        if self.attention not in ("auto", "sdpa", "triton"):
+            raise SpecPilotError(f"attention must be auto, sdpa or triton, "
+                                 f"got {self.attention!r}")
         if self.drafter is not None and not (
             self.drafter in ("ngram", "oracle")
             or self.drafter.split(":", 1)[0] in ("draft", "block", "oracle")

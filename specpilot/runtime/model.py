@@ -15,6 +15,9 @@ larger kernels per layer, the same function up to rounding. On CUDA, `set_fused_
 kernels of `specpilot.kernels.fused`: residual add + RMSNorm, q/k norm + RoPE + KV-cache
 write, silu * up, each one launch with the torch path's rounding points (equal up to fp32
 reduction order, so bf16 near-ties can resolve differently). CPU models never use them.
+`set_attention_kernel(True)` (CUDA, fused layout) likewise sends decode/verify attention
+through the split-KV Triton kernel of `specpilot.kernels.attention` (SDPA's function, fp32
+softmax; its sums run in another order) and writes o_proj's input layout directly.
 """
 
 from __future__ import annotations
@@ -59,6 +62,17 @@ def _fused():
     from ..kernels import fused
 
     return fused
+
+
+def _attention():
+    from ..kernels import attention
+
+    return attention
+
+
+# the Triton attention takes steps of up to this many query positions (decode, verify with
+# k <= 32); longer passes (prefill, teacher forcing) stay on SDPA
+ATTN_KERNEL_MAX_T = 33
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -127,6 +141,7 @@ class Attention(nn.Module):
         self.kv_cache: KVCache | None = None
         self.fused = False
         self.kernels = False  # Triton q/k norm + RoPE + cache write (fused layout only)
+        self.attn_kernel = False  # Triton decode/verify attention (set_attention_kernel)
 
     def fuse(self) -> None:
         """One qkv_proj (and one [nh + nkv, hd] q/k norm weight) instead of three."""
@@ -190,6 +205,8 @@ class Attention(nn.Module):
         c = self.cfg
         B, nkv, TG, hd = q.shape
         G = c.num_heads // nkv
+        if self.attn_kernel and TG <= ATTN_KERNEL_MAX_T * G:
+            return self.o_proj(_attention().attend_merged(q, k, v, mask, G))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.view(B, nkv, TG // G, G, hd).transpose(1, 2).reshape(B, TG // G, c.num_heads * hd)
         return self.o_proj(y)
@@ -226,7 +243,11 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kernels:
-            return self.down_proj(_fused().silu_mul(self.gate_up_proj(x)))
+            gu = self.gate_up_proj(x)
+            # the Triton GEMV backend folds silu * up into down_proj's activation loads
+            one_launch = getattr(self.down_proj, "silu_mul_linear", None)
+            y = one_launch(gu) if one_launch is not None else None
+            return y if y is not None else self.down_proj(_fused().silu_mul(gu))
         if self.fused:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
@@ -320,6 +341,28 @@ class Transformer(nn.Module):
                 on = False
         self._flag_kernels(on)
         return on
+
+    def set_attention_kernel(self, on: bool) -> bool:
+        """Run decode/verify attention (steps of <= ATTN_KERNEL_MAX_T positions) through
+        the Triton split-KV kernel (`specpilot.kernels.attention`) instead of SDPA: a fused
+        model on CUDA in bf16/fp16/fp32, head dim 64 or 128, Triton installed; anywhere
+        else it stays off. Returns whether it is on. Drop captured CUDA graphs after a
+        change."""
+        on = bool(on) and self.fused and self.device.type == "cuda" and self.dtype in (
+            torch.bfloat16, torch.float16, torch.float32)
+        if on:
+            try:
+                on = self.cfg.head_dim in _attention().HEAD_DIMS
+            except ImportError:
+                on = False
+        self._flag_attention(on)
+        return on
+
+    def _flag_attention(self, on: bool) -> None:
+        """Route attention to the kernel (tests call it directly to run it on a CPU under
+        TRITON_INTERPRET=1)."""
+        for layer in self.model.layers:
+            layer.self_attn.attn_kernel = on
 
     def _flag_kernels(self, on: bool) -> None:
         """Route the modules to the kernels (tests call it directly to run them on a CPU under
