@@ -67,7 +67,7 @@ class FakeKernels:
 def agent(qwen3_dir, fake: FakeKernels, top: int = 2) -> KernelAgent:
     return KernelAgent("bfloat16", target=str(qwen3_dir), gpu="h200", top=top,
                        timer=fake.timer, make_problems=fake.problems,
-                       configs_for=lambda b: CONFIGS, device_name="Fake GPU X")
+                       configs_for=lambda b, kern: CONFIGS, device_name="Fake GPU X")
 
 
 def test_shapes_come_from_the_cost_model(qwen3_dir):
@@ -163,7 +163,7 @@ def _interpret_child() -> None:
 
     cfgs = [KernelConfig(bm=1, bn=8, bk=128), KernelConfig(bm=1, bn=8, bk=96)]  # 96: no build
     rep = tune_kernels(shapes, timer, lambda s: linear_problems(w, s.m, 1, f32_dot=True),
-                       lambda b: cfgs, TunedTable("cpu-interpreter"), top=1)
+                       lambda b, kern: cfgs, TunedTable("cpu-interpreter"), top=1)
     print("RESULT " + json.dumps({"records": [r.to_dict() for r in rep.records],
                                   "table": rep.table.entries, "gains": rep.gains}))
 
@@ -178,3 +178,15 @@ def test_tuning_real_kernels_in_the_interpreter():
     assert set(res["table"]) == {"cublas:16x256:b1", "bf16:16x256:b1", "w12:16x256:b1"}
     assert res["table"]["w12:16x256:b1"]["config"]["bk"] == 128
     assert set(res["gains"]) == {"o_proj@1"}
+
+
+def test_w12_tunes_on_its_own_grid():
+    pytest.importorskip("triton")
+    from specpilot.agents.kernel import search_grid
+    from specpilot.kernels.tuning import candidate_configs
+    from specpilot.kernels.w12_triton import w12_candidates
+
+    for b in (1, 2, 16):
+        assert search_grid(b, "w12") == w12_candidates(b)
+        assert search_grid(b, "bf16") == candidate_configs(b)
+    assert search_grid(1, "w12") != search_grid(1, "bf16")

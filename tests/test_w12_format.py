@@ -56,22 +56,70 @@ def test_round_trip_shapes(shape):
     assert torch.equal(bits(w12.unpack(w12.pack(w))), bits(w))
 
 
-def test_subnormals_and_zeros_need_no_escape():
+def test_zeros_and_subnormals_are_exact_escapes():
     vals = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x807F, 0x0040]
     w = from_bits(vals * 16, (16, 7))
     p = w12.pack(w)
-    assert p.n_escapes == 0
+    assert p.n_escapes == w.numel()  # exponent 0 has no code: every one is in the table
     assert torch.equal(bits(w12.unpack(p)), bits(w))
 
 
+def test_padding_columns_are_not_escapes():
+    w = (torch.randn(4, 300, generator=torch.Generator().manual_seed(2)) * 0.02)
+    p = w12.pack(w.to(torch.bfloat16))
+    assert p.kp == 384 and p.gw == 16
+    assert int(p.esc_col.max()) < 300 if p.n_escapes else True
+    assert p.n_escapes <= 2
+
+
 def test_row_with_wide_exponent_spread_escapes_only_outside_window():
-    # exponents 100..139 in one row: a 15-wide window covers 15, the rest escape
+    # exponents 100..139 in one row: a 16-wide window covers 16, the rest escape
     exps = torch.arange(100, 140)
     row = ((exps << 7) | 0x15).to(torch.int32)
     w = row.to(torch.int16).view(1, -1).view(torch.bfloat16)
     p = w12.pack(w)
-    assert p.n_escapes == 40 - 15
+    assert p.n_escapes == 40 - 16
     assert torch.equal(bits(w12.unpack(p)), bits(w))
+
+
+@pytest.mark.parametrize("shape", [(5, 128), (7, 256), (3, 1024), (9, 1664)])
+def test_kernel_decode_is_an_exact_power_of_two_scaling(shape):
+    """What the kernels compute from the planes (w', one fp32 per weight) times the row's
+    2^(base - E0) is exactly w for every stored weight; escapes decode to 2^-15."""
+    w = llm_like(*shape, seed=shape[1])
+    w[0, 0], w[1, 5] = 0.0, 1e-30
+    p = w12.pack(w)
+    scaled = w12.decoded_scaled(p)
+    assert scaled.shape == (shape[0], p.kp)
+    escaped = torch.zeros_like(scaled, dtype=torch.bool)
+    escaped[p.esc_row.long(), p.esc_col.long()] = True
+    assert escaped[0, 0] and escaped[1, 5]
+    assert torch.all(scaled[escaped] == 2.0 ** -15)
+    back = (scaled * w12.row_scale(p.base)[:, None])[:, : shape[1]]
+    keep = ~escaped[:, : shape[1]]
+    assert torch.equal(back[keep], w.float()[keep])
+    assert torch.all((scaled.abs() >= 2.0 ** -15) & (scaled.abs() < 2.0))
+
+
+def test_word_layout_groups_columns_by_word():
+    # column q*8*gw + i*gw + g lives in word g of group q: changing one weight changes only
+    # its own code word and its own plane-A word
+    w = llm_like(2, 1024, seed=4)
+    p0 = w12.pack(w)
+    col = 512 + 5 * 64 + 17  # group 1, i = 5, g = 17
+    w2 = w.clone()
+    w2[1, col] = -w2[1, col]  # flips the sign bit only
+    p1 = w12.pack(w2)
+    dc = (p0.codes.view(torch.int32) != p1.codes.view(torch.int32)).nonzero().tolist()
+    da = (p0.a.view(torch.int32) != p1.a.view(torch.int32)).nonzero().tolist()
+    assert dc == [[1, 64 + 17]]  # codes: 64 words per group
+    assert da == []  # the sign lives in the code word's high-byte bits
+    w3 = w.clone()
+    w3.view(torch.int16)[1, col] ^= 1  # the lowest mantissa bit: plane A only
+    p3 = w12.pack(w3)
+    assert torch.equal(p0.codes, p3.codes)
+    da = (p0.a.view(torch.int32) != p3.a.view(torch.int32)).nonzero().tolist()
+    assert da == [[1, 128 + 64 + 17]]  # group 1 (128 words), A1 half (i >= 4), word g
 
 
 def test_bits_per_weight_on_llm_like_weights():

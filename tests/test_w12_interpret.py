@@ -23,6 +23,12 @@ CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
     (8, 1000, 1, dict(bm=1, bn=8, bk=256, split_k=4)),
     (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2, variant=0)),
     (40, 130, 9, dict(bm=16, bn=32, bk=128, split_k=2, dot=True)),
+    (24, 2048, 2, dict(bm=2, bn=8, bk=1024, split_k=2)),  # 64-word groups, two per step
+    (64, 1024, 11, dict(bm=16, bn=32, bk=512, dot=True, variant=3)),  # W x^T orientation
+    (16, 1536, 4, dict(bm=16, bn=16, bk=1024, split_k=2, dot=True, variant=2)),  # uneven split
+    (16, 2048, 1, dict(bm=1, bn=8, bk=128, split_k=3)),  # steps of 16 words inside a group
+    (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=3)),
+    (8, 1000, 2, dict(bm=2, bn=8, bk=256, split_k=3)),  # the last split has no K step
 ]
 
 
@@ -41,6 +47,7 @@ def _child() -> None:
         cfg = KernelConfig(**kw)
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
         w[0, 3], w[n - 1, k - 1], w[n // 2, 0] = 7.5, 1e-30, -3e-33  # escapes
+        w[1, : min(k, 70)] = 0.0  # zeros escape too: more than one epilogue chunk
         p = w12.pack(w)
         for seed in range(2):  # fresh inputs, poisoned outputs
             x = torch.randn(m, k, generator=g)

@@ -147,3 +147,17 @@ def test_stats_command_bad_dir(tmp_path):
 
     with pytest.raises(SpecPilotError):
         checkpoint_stats(tmp_path / "missing")
+
+
+def test_predicted_gain_discounts_heavy_escapes():
+    # zero rows (padded vocabularies) escape: the measured ratio of LLM-like layers must
+    # not be applied unchanged to them
+    t = TunedTable(device="x")
+    t.add(_rec("w12", 64, 256, 1, 8.0))
+    t.add(_rec("bf16", 64, 256, 1, 10.0))
+    w = (torch.randn(64, 256) * 0.02).to(torch.bfloat16)
+    assert predicted_gain(fmt.pack(w), t) == pytest.approx(1.25)
+    w[:8] = 0.0  # 1/8 of the weights escape
+    heavy = fmt.pack(w)
+    assert heavy.escape_rate > 0.1
+    assert predicted_gain(heavy, t) < 0.1

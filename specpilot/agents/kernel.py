@@ -111,7 +111,7 @@ def tune_kernels(shapes: list[LinearShape], timer, make_problems, configs_for, t
                  kernels: tuple[str, ...] = ("w12", "bf16")) -> TuningReport:
     """Profile `shapes` with the current kernel ("cublas"), tune `kernels` on the `top`
     worst by gap, add every correct best to `table`. `make_problems(shape)` gives
-    {kernel: tuning.Problem}; `configs_for(bucket)` the configs to try."""
+    {kernel: tuning.Problem}; `configs_for(bucket, kernel)` the configs to try."""
     from ..kernels.tuning import READ_BOUND_TBPS, best, bucket, tune
     from ..kernels.w12_triton import KernelConfig
 
@@ -132,7 +132,7 @@ def tune_kernels(shapes: list[LinearShape], timer, make_problems, configs_for, t
     for s in rep.picked:
         found, problems = {}, make_problems(s)
         for kern in kernels:
-            recs = tune((s.n, s.k), s.m, configs_for(bucket(s.m)), timer,
+            recs = tune((s.n, s.k), s.m, configs_for(bucket(s.m), kern), timer,
                         problem=problems[kern], bound_tbps=bw)
             rep.records += recs
             found[kern] = best(recs)
@@ -142,6 +142,15 @@ def tune_kernels(shapes: list[LinearShape], timer, make_problems, configs_for, t
         if found.get("w12"):
             rep.gains[f"{s.name}@{s.m}"] = min(dense) / found["w12"].median_us
     return rep
+
+
+def search_grid(bucket_m: int, kernel: str) -> list:
+    """The configs tried per kernel: W12's own grid (its decode has its own sweet spots),
+    the shared skinny-GEMM grid for the bf16 kernel."""
+    from ..kernels import tuning
+    from ..kernels.w12_triton import w12_candidates
+
+    return w12_candidates(bucket_m) if kernel == "w12" else tuning.candidate_configs(bucket_m)
 
 
 class KernelAgent:
@@ -182,7 +191,7 @@ class KernelAgent:
         table = base_table(ctx, path, dev)
         rep = tune_kernels(shapes, self.timer or tuning.graph_timer,
                            self.make_problems or _gpu_problems,
-                           self.configs_for or tuning.candidate_configs, table, self.top,
+                           self.configs_for or search_grid, table, self.top,
                            bound_tbps=hw.bound_bw / 1e12)
         note = {"agent": self.name, "device": dev, **rep.note()}
         wins = {k: g for k, g in rep.gains.items() if g >= MIN_GAIN}

@@ -21,9 +21,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import w12 as fmt
-from .tuning import TunedTable, bucket, default_config
+from .tuning import TunedTable, bucket
 
 ESCAPE_PENALTY_BITS = 4096.0
+HEAVY_ESCAPES = 1e-3  # escape rate above which measured gains are discounted
+
+
+def _default_config(n: int, k: int, m: int):
+    from .w12_triton import w12_default_config
+
+    return w12_default_config(n, k, m)
 
 
 class W12Linear(nn.Module):
@@ -43,7 +50,7 @@ class W12Linear(nn.Module):
         self._cfgs: dict = {}  # batch bucket -> KernelConfig
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, table: TunedTable | None = None) -> "W12Linear":
+    def from_linear(cls, linear: nn.Linear, table: TunedTable | None = None) -> W12Linear:
         w = linear.weight.detach()
         if w.dtype != torch.bfloat16:
             raise ValueError(f"W12 stores bf16 weights; this layer is {w.dtype}")
@@ -53,8 +60,8 @@ class W12Linear(nn.Module):
         """The kernel config of batch bucket b (looked up once per bucket, then cached)."""
         if b not in self._cfgs:
             self._cfgs[b] = (self.table.lookup("w12", self.out_features, self.in_features, b)
-                             if self.table else None) or default_config(self.out_features,
-                                                                        self.in_features, b)
+                             if self.table else None) or _default_config(self.out_features,
+                                                                         self.in_features, b)
         return self._cfgs[b]
 
     @property
@@ -120,22 +127,31 @@ def _measured_ratio(table: TunedTable, n: int, k: int, m: int) -> float | None:
     return min(t_bf16) / t_w12 if t_w12 and t_bf16 else None
 
 
+def _byte_model(w: fmt.W12Weight) -> float:
+    return 16.0 / (w.bits_per_weight + w.escape_rate * ESCAPE_PENALTY_BITS)
+
+
 def predicted_gain(w: fmt.W12Weight, table: TunedTable | None = None, m: int = 1) -> float:
     """bf16 time / W12 time for this layer at batch m: measured when the table has this
     shape; else the median measured ratio of the table's other shapes at that batch
-    bucket; else the byte model (escape penalty included)."""
+    bucket; else the byte model (escape penalty included). Measured ratios come from
+    LLM-like weights (~1e-4 escapes): a layer escaping more than `HEAVY_ESCAPES` (zero
+    rows, pruning) gets them scaled down by its byte model against a typical layer's."""
     if table is not None:
-        exact = _measured_ratio(table, w.n, w.k, m)
-        if exact is not None:
-            return exact
-        b = bucket(m)
-        ratios = sorted(r for key in table.entries if key.startswith("w12:")
-                        and key.endswith(f":b{b}")
-                        for r in [_measured_ratio(table, *map(int, key.split(":")[1].split("x")),
-                                                  m)] if r is not None)
-        if ratios:
-            return ratios[len(ratios) // 2]
-    return 16.0 / (w.bits_per_weight + w.escape_rate * ESCAPE_PENALTY_BITS)
+        ratio = _measured_ratio(table, w.n, w.k, m)
+        if ratio is None:
+            b = bucket(m)
+            ratios = sorted(r for key in table.entries if key.startswith("w12:")
+                            and key.endswith(f":b{b}")
+                            for r in [_measured_ratio(table, *map(int, key.split(":")[1]
+                                                                  .split("x")), m)]
+                            if r is not None)
+            ratio = ratios[len(ratios) // 2] if ratios else None
+        if ratio is not None:
+            if w.escape_rate > HEAVY_ESCAPES:
+                ratio *= min(1.0, _byte_model(w) / (16.0 / (12.02 + 1e-4 * ESCAPE_PENALTY_BITS)))
+            return ratio
+    return _byte_model(w)
 
 
 def _shared_weights(model: nn.Module) -> set[int]:

@@ -1,17 +1,24 @@
-"""Triton kernels for W12 weights: fused decode + GEMV (batch 1-4) / tl.dot GEMM (batch 2-32).
+"""Triton kernels for W12 weights: fused decode + CUDA-core GEMV (batch 1-4) and fused
+decode + tl.dot (batch 2-32), and a Triton unpack.
 
-Weights are decoded in registers with a few integer ops per weight (no shared table):
-``e = code ? base + code : 0``, bits = sign | e << 23 | mantissa << 16 (fp32), or the
-same in bf16 for the tensor-core path; escapes (decoded as 0 in the main loop) are added
-back in the epilogue from the row-sorted side table, in the same launch. Accumulation is
-fp32. Split-K uses the one-launch workspace reduction of `splitk.py`.
+The format (`w12.py`) stores 8 weights in 3 words (codes, A0, A1) so that the scaled
+weights w' are built with word-wide ops: per 8 weights 4 and/or pairs (fused to LOP3), one
+rotate and 8 byte permutes (PTX `prmt`, via `tl.inline_asm_elementwise`) give 8 fp32
+values; for the tensor-core path 2 and/or pairs, one rotate and 4 permutes give 4 bf16x2
+words. There is no per-weight select: the row's 2^(base - E0) multiplies the finished dot
+products, and escapes (decoded as the placeholder 2^-15) are corrected in the epilogue
+from the row-sorted side table, in the same launch. Accumulation is fp32; split-K uses the
+one-launch workspace reduction of `splitk.py`.
 
-Under TRITON_INTERPRET=1 (CPU tests) use fp32 activations/outputs and `f32_dot=True`:
-the interpreter mishandles bf16.
+`KernelConfig.variant` for W12: bit 0 = PTX byte-permute decode (else the same bit math in
+plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T). Under
+TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs are fp32 and
+`f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 
 import torch
@@ -28,18 +35,18 @@ class KernelConfig:
 
     bm: int = 1  # rows of x per program (GEMV: 1..4, dot: 16/32)
     bn: int = 8  # output features per program
-    bk: int = 512  # K columns per loop step
+    bk: int = 512  # K columns per loop step (W12: rounded up to whole column groups)
     split_k: int = 1
     warps: int = 4
     stages: int = 3
     dot: bool = False  # tensor-core path
-    variant: int = 1  # bf16 GEMV only: 0 reduce every step, 1 elementwise accumulator
+    variant: int = 1  # bf16 GEMV: 0 reduce every step, 1 elementwise acc; W12: see above
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KernelConfig":
+    def from_dict(cls, d: dict) -> KernelConfig:
         return cls(**{k: (bool(v) if k == "dot" else int(v)) for k, v in d.items()})
 
     @property
@@ -49,51 +56,187 @@ class KernelConfig:
                 f"w{self.warps}p{self.stages}")
 
 
+# -- decode: 3 words -> 8 weights ---------------------------------------------------------
+
 @triton.jit
-def _decode_f32(a, c, base):
-    # a * 0x01010000 puts the byte at bits 16..23 and 24..31: the mask keeps the sign at 31
-    # and the mantissa at 16..22 (one IMAD + one LOP3); the exponent is c * 2^23 + base << 23
-    e = tl.where(c == 0, 0, c * (1 << 23) + (base << 23))
-    bits = ((a * 0x01010000) & -2139160576) | e  # -2139160576 == 0x807F0000 as int32
-    return bits.to(tl.float32, bitcast=True)
+def _rotr4(c):
+    return ((c >> 4) & 0x0FFFFFFF) | (c << 28)
 
 
 @triton.jit
-def _decode_bf16(a, c, base):
-    e = tl.where(c == 0, 0, c * 128 + (base << 7))
-    bits = ((a * 0x0101) & 0x807F) | e
-    return bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
+def _f32_plain(x, a, j: tl.constexpr):
+    # fp32 bits of w': byte 3 = (H | 0x38), byte 2 = L, low half 0
+    h = (x >> (8 * j)) & 0x87
+    lo = (a >> (8 * j)) & 0xFF
+    return ((h << 24) | (lo << 16) | 0x38000000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _patch_escapes(acc, x_ptr, stride_xm, offs_m, m_mask, offs_n, n0, N, rowptr_ptr, erow_ptr,
-                   ecol_ptr, ebits_ptr, BN: tl.constexpr):
-    lo = tl.load(rowptr_ptr + n0)
-    hi = tl.load(rowptr_ptr + tl.minimum(n0 + BN, N))
-    for e in range(lo, hi):
-        r = tl.load(erow_ptr + e)
-        col = tl.load(ecol_ptr + e)
-        v = (tl.load(ebits_ptr + e).to(tl.int32) << 16).to(tl.float32, bitcast=True)
-        xv = tl.load(x_ptr + offs_m * stride_xm + col, mask=m_mask, other=0.0).to(tl.float32)
-        acc += tl.where((offs_n == r)[None, :], xv[:, None] * v, 0.0)
+def _decode_f32(c, a0, a1, USE_ASM: tl.constexpr):
+    """The 8 fp32 weights w'_0..7 of words (codes c, a0, a1), int32 tensors of one shape."""
+    if USE_ASM:
+        f0, f1, f2, f3, f4, f5, f6, f7 = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 r, h02, h13, g02, g13;
+            lop3.b32 h02, $8, $11, $13, 0xEA;
+            lop3.b32 h13, $8, $12, $14, 0xEA;
+            shf.r.wrap.b32 r, $8, $8, 4;
+            lop3.b32 g02, r, $11, $13, 0xEA;
+            lop3.b32 g13, r, $12, $14, 0xEA;
+            prmt.b32 $0, h02, $9, 0x0411;
+            prmt.b32 $1, h13, $9, 0x1500;
+            prmt.b32 $2, h02, $9, 0x2611;
+            prmt.b32 $3, h13, $9, 0x3700;
+            prmt.b32 $4, g02, $10, 0x0411;
+            prmt.b32 $5, g13, $10, 0x1500;
+            prmt.b32 $6, g02, $10, 0x2611;
+            prmt.b32 $7, g13, $10, 0x3700;
+            }
+            """,
+            constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r",
+            args=[c, a0, a1, tl.full(c.shape, 0x00870087, tl.int32),
+                  tl.full(c.shape, -2030008576, tl.int32), tl.full(c.shape, 0x00380038, tl.int32),
+                  tl.full(c.shape, 0x38003800, tl.int32)], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+        return (f0.to(tl.float32, bitcast=True), f1.to(tl.float32, bitcast=True),
+                f2.to(tl.float32, bitcast=True), f3.to(tl.float32, bitcast=True),
+                f4.to(tl.float32, bitcast=True), f5.to(tl.float32, bitcast=True),
+                f6.to(tl.float32, bitcast=True), f7.to(tl.float32, bitcast=True))
+    else:
+        r = _rotr4(c)
+        return (_f32_plain(c, a0, 0), _f32_plain(c, a0, 1), _f32_plain(c, a0, 2),
+                _f32_plain(c, a0, 3), _f32_plain(r, a1, 0), _f32_plain(r, a1, 1),
+                _f32_plain(r, a1, 2), _f32_plain(r, a1, 3))
+
+
+@triton.jit
+def _bf16_plain(x, a, j: tl.constexpr):
+    h = (x >> (8 * j)) & 0x87
+    lo = (a >> (8 * j)) & 0xFF
+    return (((h | 0x38) << 8) | lo).to(tl.int16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _decode_bf16(c, a0, a1, USE_ASM: tl.constexpr):
+    """The 8 bf16 weights w'_0..7 of words (c, a0, a1)."""
+    if USE_ASM:
+        b0, b1, b2, b3, b4, b5, b6, b7 = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 r, h, g, p0, p1, p2, p3;
+            lop3.b32 h, $8, $11, $12, 0xEA;
+            shf.r.wrap.b32 r, $8, $8, 4;
+            lop3.b32 g, r, $11, $12, 0xEA;
+            prmt.b32 p0, $9, h, 0x5140;
+            prmt.b32 p1, $9, h, 0x7362;
+            prmt.b32 p2, $10, g, 0x5140;
+            prmt.b32 p3, $10, g, 0x7362;
+            mov.b32 {$0, $1}, p0;
+            mov.b32 {$2, $3}, p1;
+            mov.b32 {$4, $5}, p2;
+            mov.b32 {$6, $7}, p3;
+            }
+            """,
+            constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
+            args=[c, a0, a1, tl.full(c.shape, -2021161081, tl.int32),
+                  tl.full(c.shape, 0x38383838, tl.int32)], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+        return (b0.to(tl.bfloat16, bitcast=True), b1.to(tl.bfloat16, bitcast=True),
+                b2.to(tl.bfloat16, bitcast=True), b3.to(tl.bfloat16, bitcast=True),
+                b4.to(tl.bfloat16, bitcast=True), b5.to(tl.bfloat16, bitcast=True),
+                b6.to(tl.bfloat16, bitcast=True), b7.to(tl.bfloat16, bitcast=True))
+    else:
+        r = _rotr4(c)
+        return (_bf16_plain(c, a0, 0), _bf16_plain(c, a0, 1), _bf16_plain(c, a0, 2),
+                _bf16_plain(c, a0, 3), _bf16_plain(r, a1, 0), _bf16_plain(r, a1, 1),
+                _bf16_plain(r, a1, 2), _bf16_plain(r, a1, 3))
+
+
+@triton.jit
+def _join8(w0, w1, w2, w3, w4, w5, w6, w7):
+    """[..., 2, 2, 2] holding w_i at flat index i of the new last dimension (tl.join appends the new
+    dimension last, so nesting reverses the index bits: feed them bit-reversed)."""
+    return tl.join(tl.join(tl.join(w0, w4), tl.join(w2, w6)),
+                   tl.join(tl.join(w1, w5), tl.join(w3, w7)))
+
+
+# -- epilogue -----------------------------------------------------------------------------
+
+@triton.jit
+def _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr, ecol_ptr,
+                  ebits_ptr, ECH: tl.constexpr):
+    """[BM, BN] correction of escapes e0 .. min(e0 + ECH, hi): x * value - x * placeholder
+    added to the escape's own (row, column); all loads vectorized (one round trip for the
+    table, one for the x gather)."""
+    e = e0 + tl.arange(0, ECH)
+    em = e < hi
+    r = tl.load(erow_ptr + e, mask=em, other=-1)
+    col = tl.load(ecol_ptr + e, mask=em, other=0)
+    v = (tl.load(ebits_ptr + e, mask=em, other=0).to(tl.int32) << 16).to(tl.float32,
+                                                                          bitcast=True)
+    xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + col[None, :],
+                 mask=m_mask[:, None] & em[None, :], other=0.0).to(tl.float32)  # [BM, ECH]
+    hit = (offs_n[:, None] == r[None, :])[None, :, :]  # [1, BN, ECH]
+    t = xv[:, None, :] * v[None, None, :] - xv[:, None, :] * ph[None, :, None]
+    return tl.sum(tl.where(hit, t, 0.0), axis=2)
+
+
+@triton.jit
+def _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo, hi,
+            erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH: tl.constexpr):
+    """acc [BM, BN] of sum x * w' -> y = acc * 2^(base - E0) + escape corrections (the
+    first chunk, `esc`, was computed before the main loop), stored."""
+    acc = acc * scale[None, :] + esc
+    for e0 in range(lo + ECH, hi, ECH):
+        acc += _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
+                             ecol_ptr, ebits_ptr, ECH)
+    y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & (offs_n < N)[None, :])
+
+
+@triton.jit
+def _xload(x_ptr, m, M, stride_xm, cols, K, EVEN: tl.constexpr):
+    if EVEN:
+        v = tl.load(x_ptr + m * stride_xm + cols, mask=(m < M) & (cols >= 0), other=0.0,
+                    eviction_policy="evict_last")
+    else:
+        v = tl.load(x_ptr + m * stride_xm + cols, mask=(m < M) & (cols < K), other=0.0,
+                    eviction_policy="evict_last")
+    return v.to(tl.float32)
+
+
+@triton.jit
+def _fma8(acc, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m, M, stride_xm, xcol, GW: tl.constexpr,
+          K, EVEN: tl.constexpr):
+    acc += f0 * _xload(x_ptr, m, M, stride_xm, xcol, K, EVEN)
+    acc += f1 * _xload(x_ptr, m, M, stride_xm, xcol + GW, K, EVEN)
+    acc += f2 * _xload(x_ptr, m, M, stride_xm, xcol + 2 * GW, K, EVEN)
+    acc += f3 * _xload(x_ptr, m, M, stride_xm, xcol + 3 * GW, K, EVEN)
+    acc += f4 * _xload(x_ptr, m, M, stride_xm, xcol + 4 * GW, K, EVEN)
+    acc += f5 * _xload(x_ptr, m, M, stride_xm, xcol + 5 * GW, K, EVEN)
+    acc += f6 * _xload(x_ptr, m, M, stride_xm, xcol + 6 * GW, K, EVEN)
+    acc += f7 * _xload(x_ptr, m, M, stride_xm, xcol + 7 * GW, K, EVEN)
     return acc
 
 
 @triton.jit
-def _row_sum(t):
-    return tl.sum(tl.sum(tl.sum(t, axis=3), axis=2), axis=1)
+def _sum3(t):
+    return tl.sum(tl.sum(t, axis=2), axis=1)
 
 
-@triton.jit
+# -- the fused kernel ---------------------------------------------------------------------
+
+@triton.jit(do_not_specialize=["M"])
 def w12_linear_kernel(
     x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
-    cnt_ptr, M, N, K, Kp, stride_a, stride_c, stride_xm, stride_ym, K_PER,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
-    USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN_K: tl.constexpr,
+    cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
+    BM: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr, GW: tl.constexpr,
+    SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN: tl.constexpr,
+    USE_ASM: tl.constexpr, SWAP: tl.constexpr, ECH: tl.constexpr,
 ):
-    # A step covers BK = G * 128 columns as a [BN, G, 2, 64] tile (column 128g + 64h + j):
-    # plane-A bytes, the code bytes (shared by h = 0 / 1) and x all load in that one shape,
-    # so they share a register layout and the decode is thread-local.
+    # Words are indexed per row by w = 0 .. KW - 1 (KW = Kp / 8, the code words); word w of
+    # group q = w // GW describes columns q * 8GW + i * GW + w % GW, i = 0..7. A step takes
+    # NG * GS words as [BN, NG, GS] tiles of codes, A0 and A1 (NG > 1 only when GS == GW),
+    # so the three tiles share one register layout and the decode is thread-local.
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -102,68 +245,109 @@ def w12_linear_kernel(
     rows = offs_n % N  # rows past N read valid memory; their results are never stored
     offs_m = pid_m * BM + tl.arange(0, BM)
     m_mask = offs_m < M
-    G: tl.constexpr = BK // 128
-    g = tl.arange(0, G)[None, :, None, None]
-    h = tl.arange(0, 2)[None, None, :, None]
-    j = tl.arange(0, 64)[None, None, None, :]
-    r4 = rows[:, None, None, None]
-    col = g * 128 + h * 64 + j  # [1, G, 2, 64]
-    a_off = r4 * stride_a + col
-    c_off = r4 * stride_c + g * 64 + h * 0 + j
-    base = tl.load(base_ptr + rows).to(tl.int32)[:, None, None, None]
-    shift = h * 4
+    SW: tl.constexpr = NG * GS  # words per step
+    BK: tl.constexpr = 8 * SW  # weights per row per step
+    q = tl.arange(0, NG)[None, :, None]
+    g = tl.arange(0, GS)[None, None, :]
+    r3 = rows[:, None, None]
+    c_off = r3 * stride_c + q * GW + g
+    a_off = r3 * stride_a + q * (2 * GW) + g
+    xq = q * (8 * GW) + g  # [1, NG, GS]: column offset of weight 0 of each word
+    # the epilogue's inputs: row scales 2^(base - E0), escape placeholders 2^(base - 127)
+    # and the escape range are loaded before the main loop; the first escape chunk is
+    # gathered inside the first step, after its weight loads are in flight
+    base = tl.load(base_ptr + rows).to(tl.int32)
+    scale = ((base + (127 - 0x70)) << 23).to(tl.float32, bitcast=True)
+    ph = (base << 23).to(tl.float32, bitcast=True)
+    lo = tl.load(rowptr_ptr + n0)
+    hi = tl.load(rowptr_ptr + tl.minimum(n0 + BN, N))
+    esc = tl.zeros((BM, BN), dtype=tl.float32)
+    got = 0
     acc = tl.zeros((BM, BN), dtype=tl.float32)
-    # GEMV (BM <= 4): one accumulator per x row, all in the tile's layout, reduced once
-    acc0 = tl.zeros((BN, G, 2, 64), dtype=tl.float32)
-    acc1 = tl.zeros((BN, G, 2, 64), dtype=tl.float32)
-    acc2 = tl.zeros((BN, G, 2, 64), dtype=tl.float32)
-    acc3 = tl.zeros((BN, G, 2, 64), dtype=tl.float32)
+    acc_t = tl.zeros((BN, BM), dtype=tl.float32)
+    acc0 = tl.zeros((BN, NG, GS), dtype=tl.float32)
+    acc1 = tl.zeros((BN, NG, GS), dtype=tl.float32)
+    acc2 = tl.zeros((BN, NG, GS), dtype=tl.float32)
+    acc3 = tl.zeros((BN, NG, GS), dtype=tl.float32)
     m0 = pid_m * BM
-    k_lo = pid_k * K_PER
-    for k0 in range(k_lo, tl.minimum(k_lo + K_PER, Kp), BK):
-        if EVEN_K:
-            a = tl.load(a_ptr + a_off + k0, eviction_policy="evict_first")
-            cb = tl.load(c_ptr + c_off + k0 // 2, eviction_policy="evict_first")
+    w_lo = pid_k * K_PER
+    if USE_DOT:
+        # the decoded tile [BN, BK] holds at column (q * GS + g) * 8 + i the weight of word
+        # (q, g), i: x is loaded in column order [BM, NG, 8, GS] and permuted to match
+        m4 = offs_m[:, None, None, None]
+        xc4 = (tl.arange(0, NG)[None, :, None, None] * (8 * GW)
+               + tl.arange(0, 8)[None, None, :, None] * GW
+               + tl.arange(0, GS)[None, None, None, :])
+    for w in range(w_lo, tl.minimum(w_lo + K_PER, KW), SW):
+        q0 = w // GW
+        wa = w + q0 * GW  # A0 word of w: groups hold 2 * GW plane-A words
+        colb = w + 7 * q0 * GW  # column of weight 0 of word w
+        if EVEN:
+            cw = tl.load(c_ptr + c_off + w, eviction_policy="evict_first")
+            a0 = tl.load(a_ptr + a_off + wa, eviction_policy="evict_first")
+            a1 = tl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first")
         else:
-            kmask = (k0 + col < Kp) & (r4 >= 0)
-            a = tl.load(a_ptr + a_off + k0, mask=kmask, other=0, eviction_policy="evict_first")
-            cb = tl.load(c_ptr + c_off + k0 // 2, mask=kmask, other=0,
+            wmask = (w + q * GW + g < KW) & (r3 >= 0)
+            cw = tl.load(c_ptr + c_off + w, mask=wmask, other=0, eviction_policy="evict_first")
+            a0 = tl.load(a_ptr + a_off + wa, mask=wmask, other=0,
                          eviction_policy="evict_first")
-        c = (cb.to(tl.int32) >> shift) & 0xF
-        a = a.to(tl.int32)
+            a1 = tl.load(a_ptr + a_off + wa + GW, mask=wmask, other=0,
+                         eviction_policy="evict_first")
+        if w == w_lo:
+            esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
+                                ecol_ptr, ebits_ptr, ECH)
+            got = 1
         if USE_DOT:
-            ks = k0 + tl.arange(0, BK)
-            xt = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
-                         mask=m_mask[:, None] & (ks < K)[None, :], other=0.0,
-                         eviction_policy="evict_last")
             if F32_DOT:
-                w = tl.reshape(_decode_f32(a, c, base), (BN, BK))
-                acc += tl.dot(xt.to(tl.float32), tl.trans(w), input_precision="ieee")
+                w0, w1, w2, w3, w4, w5, w6, w7 = _decode_f32(cw, a0, a1, USE_ASM)
             else:
-                w = tl.reshape(_decode_bf16(a, c, base), (BN, BK))
-                acc += tl.dot(xt.to(tl.bfloat16), tl.trans(w))
+                w0, w1, w2, w3, w4, w5, w6, w7 = _decode_bf16(cw, a0, a1, USE_ASM)
+            wt = tl.reshape(_join8(w0, w1, w2, w3, w4, w5, w6, w7), (BN, BK))
+            x4 = tl.load(x_ptr + m4 * stride_xm + colb + xc4,
+                         mask=(m4 < M) & (colb + xc4 < K), other=0.0,
+                         eviction_policy="evict_last")
+            xt = tl.reshape(tl.permute(x4, (0, 1, 3, 2)), (BM, BK))
+            if F32_DOT:
+                xt = xt.to(tl.float32)
+            else:
+                xt = xt.to(tl.bfloat16)
+            if SWAP:
+                if F32_DOT:
+                    acc_t += tl.dot(wt, tl.trans(xt), input_precision="ieee")
+                else:
+                    acc_t += tl.dot(wt, tl.trans(xt))
+            else:
+                if F32_DOT:
+                    acc += tl.dot(xt, tl.trans(wt), input_precision="ieee")
+                else:
+                    acc += tl.dot(xt, tl.trans(wt))
         else:
-            w = _decode_f32(a, c, base)
-            xk = x_ptr + r4 * 0 + k0 + col  # x in the tile's own shape: same layout as w
-            xmask = (k0 + col < K) & (r4 >= 0)
-            acc0 += w * tl.load(xk + m0 * stride_xm, mask=xmask & (m0 < M), other=0.0,
-                                eviction_policy="evict_last").to(tl.float32)
+            f0, f1, f2, f3, f4, f5, f6, f7 = _decode_f32(cw, a0, a1, USE_ASM)
+            xc = colb + xq
+            acc0 = _fma8(acc0, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m0, M, stride_xm, xc,
+                         GW, K, EVEN)
             if BM > 1:
-                acc1 += w * tl.load(xk + (m0 + 1) * stride_xm, mask=xmask & (m0 + 1 < M),
-                                    other=0.0, eviction_policy="evict_last").to(tl.float32)
+                acc1 = _fma8(acc1, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m0 + 1, M,
+                             stride_xm, xc, GW, K, EVEN)
             if BM > 2:
-                acc2 += w * tl.load(xk + (m0 + 2) * stride_xm, mask=xmask & (m0 + 2 < M),
-                                    other=0.0, eviction_policy="evict_last").to(tl.float32)
-                acc3 += w * tl.load(xk + (m0 + 3) * stride_xm, mask=xmask & (m0 + 3 < M),
-                                    other=0.0, eviction_policy="evict_last").to(tl.float32)
-    if not USE_DOT:
+                acc2 = _fma8(acc2, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m0 + 2, M,
+                             stride_xm, xc, GW, K, EVEN)
+                acc3 = _fma8(acc3, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m0 + 3, M,
+                             stride_xm, xc, GW, K, EVEN)
+    if USE_DOT:
+        if SWAP:
+            acc = tl.trans(acc_t)
+    else:
         sel = tl.arange(0, BM)[:, None]
-        acc = tl.where(sel == 0, _row_sum(acc0)[None, :], acc)
+        acc = tl.where(sel == 0, _sum3(acc0)[None, :], acc)
         if BM > 1:
-            acc = tl.where(sel == 1, _row_sum(acc1)[None, :], acc)
+            acc = tl.where(sel == 1, _sum3(acc1)[None, :], acc)
         if BM > 2:
-            acc = tl.where(sel == 2, _row_sum(acc2)[None, :], acc)
-            acc = tl.where(sel == 3, _row_sum(acc3)[None, :], acc)
+            acc = tl.where(sel == 2, _sum3(acc2)[None, :], acc)
+            acc = tl.where(sel == 3, _sum3(acc3)[None, :], acc)
+    if got == 0:  # a split with no K steps (uneven split-K) may still finish the tile
+        esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
+                            ecol_ptr, ebits_ptr, ECH)
     finish = True
     if SPLIT_K > 1:
         tile = pid_m * tl.num_programs(0) + pid_n
@@ -171,15 +355,65 @@ def w12_linear_kernel(
     if finish:
         if SPLIT_K > 1:
             acc = reduce_partials(ws_ptr, cnt_ptr, tile, BM, BN)
-        acc = _patch_escapes(acc, x_ptr, stride_xm, offs_m, m_mask, offs_n, n0, N, rowptr_ptr,
-                             erow_ptr, ecol_ptr, ebits_ptr, BN)
-        y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty),
-                 mask=m_mask[:, None] & (offs_n < N)[None, :])
+        _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo, hi,
+                erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH)
+
+
+def w12_candidates(b: int) -> list[KernelConfig]:
+    """The W12 search grid for batch bucket b (every config is a compile: kept small).
+    GEMV (CUDA cores) for 1-4 rows, decode + tl.dot for 2-32. bk below 512 steps through
+    a slice of each 64-word column group."""
+    K = KernelConfig
+    gemv = {1: [(8, 512, 1, 4), (8, 512, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4),
+                (8, 512, 1, 2), (8, 512, 4, 4), (4, 512, 1, 2), (8, 1024, 1, 4)],
+            2: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4), (8, 512, 2, 4)],
+            4: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4)]}.get(b, [])
+    cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
+    if b == 1:
+        cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
+    # (bn, bk, split_k, warps, stages, variant): variant 3 = W x^T on wgmma, 1 = x W^T
+    dots = {16: [(64, 128, 2, 4, 3, 3), (64, 128, 2, 4, 4, 3), (64, 128, 4, 4, 3, 3),
+                 (64, 128, 1, 4, 4, 3), (64, 256, 2, 4, 3, 3), (128, 128, 2, 8, 3, 3)],
+            32: [(64, 128, 2, 4, 3, 3), (64, 128, 4, 4, 3, 3), (64, 128, 2, 4, 4, 3),
+                 (64, 128, 2, 8, 3, 3), (128, 128, 2, 8, 3, 3)]}
+    if b >= 2:
+        bm = 32 if b > 16 else 16
+        grid = dots[bm] if b >= 8 else dots[16][:2] if b == 4 else dots[16][:1]
+        cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
+                 for bn, bk, s, w, p, v in grid]
+    return cfgs
+
+
+def w12_default_config(n: int, k: int, m: int) -> KernelConfig:
+    """An untuned but reasonable W12 config (used when the tuned table has no entry)."""
+    if m <= 1:
+        return KernelConfig(bm=1, bn=8, bk=512, split_k=2 if n <= 6144 else 1, warps=4)
+    if m <= 4:
+        return KernelConfig(bm=4 if m > 2 else 2, bn=16, bk=512, warps=4)
+    return KernelConfig(bm=32 if m > 16 else 16, bn=64, bk=128, split_k=2, warps=4, stages=3,
+                        dot=True, variant=3)
 
 
 def launch_grid(m: int, n: int, cfg: KernelConfig) -> tuple[int, int, int]:
     return (triton.cdiv(n, cfg.bn), cfg.split_k, triton.cdiv(m, cfg.bm))
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def escape_chunk(bm: int, bn: int) -> int:
+    """Escapes handled per vector step of the epilogue (a [bm, bn, chunk] temporary)."""
+    return max(4, min(32, triton.next_power_of_2(max(1, 1024 // (bm * bn)))))
+
+
+def step_words(w: W12Weight, bk: int) -> tuple[int, int]:
+    """(groups, words per group) of one K step for a requested bk: whole groups when bk
+    covers one (8 * gw columns), else a power-of-two slice of a group (at least 16 words)."""
+    gw = w.gw
+    if bk >= 8 * gw:
+        return bk // (8 * gw), gw
+    return 1, max(16, min(gw, triton.next_power_of_2(bk // 8)))
 
 
 def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tensor | None = None,
@@ -198,44 +432,57 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     grid = launch_grid(m, w.n, cfg)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * cfg.bm * cfg.bn,
                         grid[0] * grid[2])
-    kper = k_per_split(w.kp, cfg.bk, cfg.split_k)
-    even = w.kp % cfg.bk == 0 and kper * cfg.split_k == w.kp
+    ng, gs = step_words(w, cfg.bk)
+    kw = w.kp // 8
+    kper = k_per_split(kw, ng * gs, cfg.split_k)  # in words
+    even = kw % (ng * gs) == 0 and kper * cfg.split_k == kw and k == w.kp
+    use_asm = bool(cfg.variant & 1) and not _interpreting()
+    ech = escape_chunk(cfg.bm, cfg.bn)
     w12_linear_kernel[grid](
-        x, w.a, w.codes, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y, ws, cnt,
-        m, w.n, k, w.kp, w.a.stride(0), w.codes.stride(0), x.stride(0), y.stride(0), kper,
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, USE_DOT=cfg.dot,
-        F32_DOT=f32_dot, EVEN_K=even, num_warps=cfg.warps, num_stages=cfg.stages,
+        x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        y.stride(0), kper, BM=cfg.bm, BN=cfg.bn, NG=ng, GS=gs, GW=w.gw, SPLIT_K=cfg.split_k,
+        USE_DOT=cfg.dot, F32_DOT=f32_dot, EVEN=even, USE_ASM=use_asm,
+        SWAP=bool(cfg.variant & 2), ECH=ech, num_warps=cfg.warps, num_stages=cfg.stages,
     )
     return y
 
 
 @triton.jit
-def w12_unpack_kernel(a_ptr, c_ptr, base_ptr, out_ptr, N, Kp, K, BN: tl.constexpr):
-    """bf16 bit patterns (int16) of one 128-column group of BN rows; escapes (stored as
-    code 0, byte 0: +0 here) are patched after."""
+def w12_unpack_kernel(a_ptr, c_ptr, base_ptr, out_ptr, N, Kp, K, BN: tl.constexpr,
+                      GW: tl.constexpr):
+    """bf16 bit patterns (int16) of one column group of BN rows; escapes (decoded as the
+    placeholder here) are patched after."""
     pid_n = tl.program_id(0)
-    k0 = tl.program_id(1) * 128
+    grp = tl.program_id(1)
     rows = pid_n * BN + tl.arange(0, BN)
-    h = tl.arange(0, 2)[None, :, None]
-    j = tl.arange(0, 64)[None, None, :]
-    r3 = rows[:, None, None]
-    rmask = r3 < N
-    a = tl.load(a_ptr + r3 * Kp + k0 + h * 64 + j, mask=rmask, other=0).to(tl.int32)
-    cb = tl.load(c_ptr + r3 * (Kp // 2) + k0 // 2 + h * 0 + j, mask=rmask, other=0)
-    base = tl.load(base_ptr + rows, mask=rows < N, other=0).to(tl.int32)[:, None, None]
-    c = (cb.to(tl.int32) >> (h * 4)) & 0xF
-    e = tl.where(c == 0, 0, c + base)
-    bits = ((a & 0x80) << 8) | (a & 0x7F) | (e << 7)
-    cols = k0 + h * 64 + j
-    tl.store(out_ptr + r3 * K + cols, bits.to(tl.int16), mask=rmask & (cols < K))
+    g = tl.arange(0, GW)[None, :]
+    r2 = rows[:, None]
+    rmask = (r2 < N) & (g >= 0)
+    cw = tl.load(c_ptr + r2 * (Kp // 8) + grp * GW + g, mask=rmask, other=0)
+    a0 = tl.load(a_ptr + r2 * (Kp // 4) + grp * 2 * GW + g, mask=rmask, other=0)
+    a1 = tl.load(a_ptr + r2 * (Kp // 4) + grp * 2 * GW + GW + g, mask=rmask, other=0)
+    base = tl.load(base_ptr + rows, mask=rows < N, other=0).to(tl.int32)[:, None]
+    rot = _rotr4(cw)
+    for i in tl.static_range(8):
+        xw = cw if i < 4 else rot
+        aw = a0 if i < 4 else a1
+        h = (xw >> (8 * (i % 4))) & 0x87
+        lo = (aw >> (8 * (i % 4))) & 0xFF
+        code = ((h & 7) << 1) | (lo >> 7)
+        bits = ((h >> 7) << 15) | ((code + base) << 7) | (lo & 0x7F)
+        cols = grp * 8 * GW + i * GW + g
+        tl.store(out_ptr + r2 * K + cols, bits.to(tl.int16), mask=rmask & (cols < K))
 
 
 def w12_unpack(w: W12Weight) -> torch.Tensor:
     """The exact bf16 matrix [N, K], decoded by a Triton kernel (plus an escape scatter)."""
     out = torch.empty(w.n, w.k, dtype=torch.int16, device=w.device)
     bn = 16
-    w12_unpack_kernel[(triton.cdiv(w.n, bn), w.kp // 128)](
-        w.a, w.codes, w.base, out, w.n, w.kp, w.k, BN=bn)
+    gw = w.gw
+    w12_unpack_kernel[(triton.cdiv(w.n, bn), w.kp // (8 * gw))](
+        w.a.view(torch.int32), w.codes.view(torch.int32), w.base, out, w.n, w.kp, w.k,
+        BN=bn, GW=gw)
     if w.n_escapes:
         out[w.esc_row.long(), w.esc_col.long()] = w.esc_bits
     return out.view(torch.bfloat16)
