@@ -3,8 +3,8 @@
     PYTHONPATH=. python3 benchmarks/verify_profile.py [--preset 8b] [--ts 1,5,9,17] [--tune]
         [--out DIR]
 
-The engine's own step (fused projections, fused Triton kernels, Triton GEMV backend where
-the tuned table says it wins), batch 1, kv_len 256, for T = 1 (AR) and T = k + 1 (verify):
+The engine's own step (fused projections, fused Triton kernels, the Triton attention
+kernel, Triton GEMV backend where the tuned table says it wins), batch 1, kv_len 256, for T = 1 (AR) and T = k + 1 (verify):
 1. the graph-replay ms of each T and a profile of its kernels (torch.profiler over graph
    replays), summed per kind, and the kernels whose time grows most from T = 1 to the
    largest T;
@@ -106,6 +106,7 @@ def main() -> int:
     ts = [int(t) for t in a.ts.split(",")]
     model = random_transformer(a.preset, "cuda", torch.bfloat16, seed=0, fused=True)
     assert model.set_fused_kernels(True), "the fused kernels did not switch on"
+    model.set_attention_kernel(True)  # the engine's default (knob attention = auto)
     report = apply_gemv(model)
     log = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "preset": a.preset,

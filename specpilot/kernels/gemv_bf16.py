@@ -22,26 +22,9 @@ import triton
 import triton.language as tl
 from torch import nn
 
-from .fused import _round
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
 from .tuning import BUCKETS, TunedTable, bucket, load_table
 from .w12_triton import KernelConfig, launch_grid
-
-
-@triton.jit
-def _x_tile(x_ptr, offs, mask, K, like, GLU: tl.constexpr):
-    """Activations at `offs` as fp32. With GLU, x_ptr is a fused gate/up output [M, 2K] and
-    x = silu(gate) * up is computed here with the exact roundings of `fused.silu_mul` (so
-    the product is bit-identical to running that kernel first)."""
-    if GLU:
-        g = tl.load(x_ptr + offs, mask=mask, other=0.0, eviction_policy="evict_last")
-        u = tl.load(x_ptr + offs + K, mask=mask, other=0.0, eviction_policy="evict_last")
-        g = g.to(tl.float32)
-        s = _round(g / (1.0 + tl.exp(-g)), like)
-        return _round(s * u.to(tl.float32), like)
-    else:
-        return tl.load(x_ptr + offs, mask=mask, other=0.0,
-                       eviction_policy="evict_last").to(tl.float32)
 
 
 @triton.jit
@@ -49,7 +32,6 @@ def bf16_linear_kernel(
     x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_w, stride_xm, stride_ym, K_PER,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN_K: tl.constexpr, VARIANT: tl.constexpr,
-    GLU: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -70,23 +52,25 @@ def bf16_linear_kernel(
             w = tl.load(w_ptr + w_off + k0, mask=(k0 + kk < K)[None, :], other=0.0,
                         eviction_policy="evict_first")
         if USE_DOT:
-            xt = _x_tile(x_ptr, offs_m[:, None] * stride_xm + (k0 + kk)[None, :],
-                         m_mask[:, None] & (k0 + kk < K)[None, :], K, w_ptr, GLU)
+            xt = tl.load(x_ptr + offs_m[:, None] * stride_xm + (k0 + kk)[None, :],
+                         mask=m_mask[:, None] & (k0 + kk < K)[None, :], other=0.0,
+                         eviction_policy="evict_last")
             if F32_DOT:
                 acc += tl.dot(xt.to(tl.float32), tl.trans(w.to(tl.float32)),
                               input_precision="ieee")
             else:
                 acc += tl.dot(xt.to(tl.bfloat16), tl.trans(w.to(tl.bfloat16)))
         elif VARIANT == 1:
-            x3 = _x_tile(x_ptr, offs_m[:, None, None] * stride_xm + (k0 + kk)[None, None, :],
-                         m_mask[:, None, None] & (k0 + kk < K)[None, None, :], K, w_ptr, GLU)
+            x3 = tl.load(x_ptr + offs_m[:, None, None] * stride_xm + (k0 + kk)[None, None, :],
+                         mask=m_mask[:, None, None] & (k0 + kk < K)[None, None, :], other=0.0,
+                         eviction_policy="evict_last").to(tl.float32)
             acc3 += w.to(tl.float32)[None, :, :] * x3
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(BM):
                 row_m = pid_m * BM + m
-                xm = _x_tile(x_ptr, row_m * stride_xm + k0 + kk, (k0 + kk < K) & (row_m < M), K,
-                             w_ptr, GLU)
+                xm = tl.load(x_ptr + row_m * stride_xm + k0 + kk, mask=(k0 + kk < K) & (row_m < M),
+                             other=0.0, eviction_policy="evict_last").to(tl.float32)
                 part = tl.sum(wf * xm[None, :], axis=1)
                 acc += tl.where((tl.arange(0, BM) == m)[:, None], part[None, :], 0.0)
     if not USE_DOT and VARIANT == 1:
@@ -104,17 +88,12 @@ def bf16_linear_kernel(
 
 
 def bf16_matmul(x: torch.Tensor, w: torch.Tensor, cfg: KernelConfig,
-                out: torch.Tensor | None = None, f32_dot: bool = False,
-                glu: bool = False) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ w.T for a row-major weight w [N, K]; with `glu`, x is a fused
-    gate/up output [M, 2K] and y = (silu(gate) * up) @ w.T, bit-identical to
-    `bf16_matmul(fused.silu_mul(x), w, cfg)`."""
+                out: torch.Tensor | None = None, f32_dot: bool = False) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T for a row-major weight w [N, K]."""
     m, k = x.shape
     n = w.shape[0]
-    k //= 1 + glu
-    if w.shape[1] != k or (glu and x.shape[1] != 2 * k):
-        raise ValueError(f"x has {x.shape[1]} columns, w has {w.shape[1]}"
-                         f"{' (glu: x needs twice as many)' if glu else ''}")
+    if w.shape[1] != k:
+        raise ValueError(f"x has {k} columns, w has {w.shape[1]}")
     x = x if x.stride(1) == 1 else x.contiguous()
     w = w if w.stride(1) == 1 else w.contiguous()
     y = out if out is not None else torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -126,7 +105,7 @@ def bf16_matmul(x: torch.Tensor, w: torch.Tensor, cfg: KernelConfig,
     bf16_linear_kernel[grid](
         x, w, y, ws, cnt, m, n, k, w.stride(0), x.stride(0), y.stride(0), kper,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, USE_DOT=cfg.dot,
-        F32_DOT=f32_dot, EVEN_K=even, VARIANT=cfg.variant, GLU=glu, num_warps=cfg.warps,
+        F32_DOT=f32_dot, EVEN_K=even, VARIANT=cfg.variant, num_warps=cfg.warps,
         num_stages=cfg.stages,
     )
     return y
@@ -158,18 +137,6 @@ class GemvLinear(nn.Linear):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
-
-    def silu_mul_linear(self, gate_up: torch.Tensor) -> torch.Tensor | None:
-        """(silu(gate) * up) @ W.T in one Triton launch for a fused gate/up output
-        [..., 2 * in_features] (bit-identical to `fused.silu_mul` then this layer), or None
-        where this call would not run Triton (the caller then runs the two steps)."""
-        rows = gate_up.numel() // (2 * self.in_features) if self.in_features else 0
-        cfg = self.configs.get(bucket(rows)) if gate_up.is_cuda and rows else None
-        if (cfg is None or gate_up.dtype != torch.bfloat16 or self.bias is not None
-                or self.weight.dtype != torch.bfloat16):
-            return None
-        y = bf16_matmul(gate_up.reshape(rows, 2 * self.in_features), self.weight, cfg, glu=True)
-        return y.reshape(*gate_up.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", triton_buckets={sorted(self.configs)}"

@@ -243,11 +243,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         if self.kernels:
-            gu = self.gate_up_proj(x)
-            # the Triton GEMV backend folds silu * up into down_proj's activation loads
-            one_launch = getattr(self.down_proj, "silu_mul_linear", None)
-            y = one_launch(gu) if one_launch is not None else None
-            return y if y is not None else self.down_proj(_fused().silu_mul(gu))
+            return self.down_proj(_fused().silu_mul(self.gate_up_proj(x)))
         if self.fused:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
             return self.down_proj(F.silu(gate) * up)
