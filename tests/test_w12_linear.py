@@ -11,9 +11,16 @@ from torch import nn
 from typer.testing import CliRunner
 
 from specpilot.kernels import w12 as fmt
-from specpilot.kernels.tuning import (TunedTable, TuningRecord, best, bucket,
-                                      candidate_configs, default_config, load_table,
-                                      table_path)
+from specpilot.kernels.tuning import (
+    TunedTable,
+    TuningRecord,
+    best,
+    bucket,
+    candidate_configs,
+    default_config,
+    load_table,
+    table_path,
+)
 from specpilot.kernels.w12_linear import W12Linear, apply_w12, predicted_gain
 from specpilot.kernels.w12_triton import KernelConfig
 from specpilot.runtime.loader import load_model
