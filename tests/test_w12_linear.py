@@ -168,3 +168,33 @@ def test_predicted_gain_discounts_heavy_escapes():
     heavy = fmt.pack(w)
     assert heavy.escape_rate > 0.1
     assert predicted_gain(heavy, t) < 0.1
+
+
+def test_apply_w12_checks_every_step_row_count(qwen3_dir):
+    """A layer goes W12 only where it wins at every row count of the engine's steps: a
+    table where W12 wins at batch 1 but loses at 5 rows (a k = 4 verify step) keeps it bf16
+    for a speculative engine, and above the skinny buckets (unpack + cuBLAS) it never wins."""
+    model = load_model(qwen3_dir, "cpu", "bfloat16")
+    lin = model.model.layers[0].mlp.down_proj
+    n, k = lin.weight.shape
+    t = TunedTable(device="x")
+    for kern, b, us in (("bf16", 1, 10.0), ("w12", 1, 8.0), ("bf16", 8, 10.0), ("w12", 8, 20.0)):
+        t.entries[f"{kern}:{n}x{k}:b{b}"] = {"config": {}, "median_us": us, "tbps": 1.0}
+    p = fmt.pack(lin.weight.detach())
+    assert predicted_gain(p, t, 1) == pytest.approx(1.25)
+    assert predicted_gain(p, t, 5) == pytest.approx(0.5)
+    assert predicted_gain(p, t, 40) < 0.4  # unpack to bf16, then cuBLAS
+    ar = apply_w12(load_model(qwen3_dir, "cpu", "bfloat16"), table=t, rows=(1,))
+    spec = apply_w12(load_model(qwen3_dir, "cpu", "bfloat16"), table=t, rows=(1, 5))
+    name = "model.layers.0.mlp.down_proj"
+    assert {d.name: d.applied for d in ar.layers}[name] is True
+    assert {d.name: d.applied for d in spec.layers}[name] is False
+
+
+def test_step_rows_follow_k_and_batch():
+    from specpilot.runtime.factory import step_rows
+    from specpilot.runtime.knobs import Knobs
+
+    assert step_rows(Knobs(), 1) == (1,)
+    assert step_rows(Knobs(drafter="ngram", k=4), 1) == (1, 5)
+    assert step_rows(Knobs(drafter="ngram", k=4, k_per_batch={8: 2}), 8) == (8, 24)

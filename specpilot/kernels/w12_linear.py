@@ -136,7 +136,11 @@ def predicted_gain(w: fmt.W12Weight, table: TunedTable | None = None, m: int = 1
     shape; else the median measured ratio of the table's other shapes at that batch
     bucket; else the byte model (escape penalty included). Measured ratios come from
     LLM-like weights (~1e-4 escapes): a layer escaping more than `HEAVY_ESCAPES` (zero
-    rows, pruning) gets them scaled down by its byte model against a typical layer's."""
+    rows, pruning) gets them scaled down by its byte model against a typical layer's.
+    Above the skinny kernels' buckets `W12Linear` unpacks to bf16 and calls cuBLAS: that
+    reads the 12-bit form, writes and reads 16 bits more per weight."""
+    if bucket(m) is None:
+        return 16.0 / (w.bits_per_weight + 32.0)
     if table is not None:
         ratio = _measured_ratio(table, w.n, w.k, m)
         if ratio is None:
@@ -172,12 +176,14 @@ def _device_table(model: nn.Module) -> TunedTable | None:
 
 
 def apply_w12(model: nn.Module, min_gain: float = 1.05, table: TunedTable | None = None,
-              skip: tuple[str, ...] = ()) -> W12Report:
+              skip: tuple[str, ...] = (), rows: tuple[int, ...] = (1,)) -> W12Report:
     """Replace every eligible bf16 `nn.Linear` of `model` by a `W12Linear`, in place.
 
     Skipped: non-bf16 layers, weights shared with another module (tied embeddings), names
-    containing one of `skip`, and layers whose predicted gain is below `min_gain` (on a GPU
-    the device's tuned table, `tuning.load_table`, supplies measured gains)."""
+    containing one of `skip`, and layers whose predicted gain is below `min_gain` at any
+    of the row counts the engine's steps put through them (`rows`: batch for a decode
+    step, batch x (k + 1) for a verify step; on a GPU the device's tuned table,
+    `tuning.load_table`, supplies measured gains)."""
     report = W12Report()
     if table is None:
         table = _device_table(model)
@@ -187,7 +193,7 @@ def apply_w12(model: nn.Module, min_gain: float = 1.05, table: TunedTable | None
                and id(mod.weight) not in shared and not any(s in name for s in skip)]
     for name, lin in targets:
         packed = fmt.pack(lin.weight.detach())
-        gain = predicted_gain(packed, table)
+        gain = min(predicted_gain(packed, table, m) for m in rows)
         ok = gain >= min_gain
         report.layers.append(LayerDecision(name, packed.n, packed.k, packed.bits_per_weight,
                                            packed.escape_rate, gain, ok))

@@ -68,17 +68,24 @@ def check_linear_knobs(knobs: Knobs, device: str, dtype: str | torch.dtype) -> N
             f"on the GPU), got {device}/{parse_dtype(dtype)}: use weights = bf16 here")
 
 
-def apply_linear_knobs(model: Transformer, knobs: Knobs, skip: tuple[str, ...] = ()) -> None:
+def step_rows(knobs: Knobs, batch_size: int) -> tuple[int, ...]:
+    """Rows a target's linears see per step: batch (decode) and batch x (k + 1) (verify)."""
+    return tuple(sorted({batch_size, batch_size * (knobs.k_for(batch_size) + 1)}))
+
+
+def apply_linear_knobs(model: Transformer, knobs: Knobs, skip: tuple[str, ...] = (),
+                       rows: tuple[int, ...] = (1,)) -> None:
     """The linear backends of one model, in place, after `fuse_projections`: W12 layers
-    (`weights`), then the Triton bf16 GEMV (`gemv`) on the linears left. What was done is
-    kept on the model (`w12_report`, `gemv_report`). A no-op for bf16 + cublas, and `gemv`
-    is a no-op on a CPU or non-bf16 model."""
+    (`weights`, only where W12 wins at every row count in `rows`), then the Triton bf16
+    GEMV (`gemv`) on the linears left. What was done is kept on the model (`w12_report`,
+    `gemv_report`). A no-op for bf16 + cublas, and `gemv` is a no-op on a CPU or non-bf16
+    model."""
     cuda_bf16 = model.device.type == "cuda" and model.dtype == torch.bfloat16
     if knobs.weights == "w12":
         check_linear_knobs(knobs, model.device.type, model.dtype)
         from ..kernels.w12_linear import apply_w12
 
-        model.w12_report = apply_w12(model, skip=skip)
+        model.w12_report = apply_w12(model, skip=skip, rows=rows)
     if knobs.gemv == "auto" and cuda_bf16:
         from ..kernels.gemv_bf16 import apply_gemv
 
@@ -105,7 +112,8 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
         apply_attention_knob(target, knobs)
     # the block drafter reads the target's lm_head.weight: keep that layer dense for it
     block = (knobs.drafter or "").startswith("block:")
-    apply_linear_knobs(target, knobs, skip=("lm_head",) if block else ())
+    apply_linear_knobs(target, knobs, skip=("lm_head",) if block else (),
+                       rows=step_rows(knobs, batch_size))
     if tokenizer is not None and tokenizer.vocab_size > target.cfg.vocab_size:
         raise CheckpointError(
             f"{model_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
