@@ -24,6 +24,7 @@ Prints tables; writes attention_bench.json under --out (default $OUT or .).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.kernels import attention as A
+from specpilot.kernels.tuning import graph_timer
 
 SHAPES = {"8b": (8, 4, 128), "32b": (8, 8, 128)}  # nkv, G, hd
 L2_BYTES = 160 << 20  # input sets cycled per graph: well past the H200's 60 MB L2
@@ -58,29 +60,10 @@ def sdpa_path(q, k, v, mask, G):
 
 
 def graph_us(calls, reps: int = 15) -> float:
-    """Median microseconds per call of a CUDA graph that runs `calls` in order."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / len(calls))
-    del graph
+    """Median microseconds per call of a CUDA graph that runs `calls` in order
+    (`kernels.tuning.graph_timer` over the calls in turn)."""
+    turn = itertools.cycle(calls)
+    ts = graph_timer(lambda: next(turn)(), len(calls), reps)
     return sorted(ts)[len(ts) // 2]
 
 

@@ -85,26 +85,35 @@ def profile_table(replay, steps: int = 10) -> tuple[list[dict], float]:
 
 
 def kind(name: str) -> str:
+    """gemm (cuBLAS, or SpecPilot's Triton bf16/W12 linear kernels), attention (cuDNN/flash
+    SDPA, or the Triton attention kernel) or other."""
     n = name.lower()
-    if any(s in n for s in ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas")):
+    if any(s in n for s in ("gemm", "gemv", "cutlass", "sm90_xmma", "nvjet", "cublas",
+                            "linear_kernel")):
         return "gemm"
-    if any(s in n for s in ("fmha", "flash", "attention", "efficient")):
+    if any(s in n for s in ("fmha", "flash", "attention", "efficient", "attn")):
         return "attention"
     return "other"
+
+
+def per_kind(rows: list[dict]) -> dict[str, list[float]]:
+    """kind -> [us per step, kernels per step] of `profile_table` rows."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        k = out.setdefault(kind(r["name"]), [0.0, 0.0])
+        k[0] += r["us_per_step"]
+        k[1] += r["per_step"]
+    return out
 
 
 def write_profile(path: str, title: str, rows: list[dict], total: float, wall_us: float) -> str:
     lines = [f"{title}: kernels {total:.0f} us/step summed, graph replay {wall_us:.0f} us/step",
              f"{'us/step':>9} {'n/step':>7}  kind       kernel"]
-    by_kind: dict[str, list[float]] = {}
     for r in rows:
-        k = kind(r["name"])
-        by_kind.setdefault(k, [0.0, 0.0])
-        by_kind[k][0] += r["us_per_step"]
-        by_kind[k][1] += r["per_step"]
-        lines.append(f"{r['us_per_step']:>9.1f} {r['per_step']:>7.1f}  {k:<9}  {r['name'][:110]}")
+        lines.append(f"{r['us_per_step']:>9.1f} {r['per_step']:>7.1f}  {kind(r['name']):<9}  "
+                     f"{r['name'][:110]}")
     lines.append("by kind: " + ", ".join(f"{k} {v[0]:.0f} us in {v[1]:.0f} kernels"
-                                          for k, v in sorted(by_kind.items())))
+                                          for k, v in sorted(per_kind(rows).items())))
     text = "\n".join(lines)
     with open(path, "w") as f:
         f.write(text + "\n")

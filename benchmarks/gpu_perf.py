@@ -324,15 +324,17 @@ def step_ms(model, B: int, T: int, kv_len: int, pos0: int = 150) -> float:
     return time_ms(lambda: g.run((B, T, kv_len), fn))
 
 
-def engine_defaults(model) -> None:
-    """The engine's other GPU defaults on a fused model with the fused kernels on, as the
-    flags ask: the Triton attention kernel and the Triton GEMV backend."""
-    if ARGS.attention == "triton":
-        getattr(model, "set_attention_kernel", lambda on: False)(True)
-    if ARGS.gemv:
-        from specpilot.kernels.gemv_bf16 import apply_gemv
+def engine_defaults(model, attention: bool) -> tuple[bool, object]:
+    """The engine's other GPU defaults on a fused model, as the flags ask: the Triton
+    attention kernel (with `attention`) and the Triton GEMV backend (--gemv, CUDA).
+    Returns (attention kernel on, the GEMV report or None)."""
+    on = attention and ARGS.attention == "triton" and getattr(
+        model, "set_attention_kernel", lambda on: False)(True)
+    if not (ARGS.gemv and ARGS.device == "cuda"):
+        return on, None
+    from specpilot.kernels.gemv_bf16 import apply_gemv
 
-        apply_gemv(model)
+    return on, apply_gemv(model)
 
 
 @torch.inference_mode()
@@ -343,13 +345,10 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     if ARGS.kernels:
         on = getattr(model, "set_fused_kernels", lambda on: False)(True)
         print(f"[{preset}] fused Triton elementwise kernels: {'on' if on else 'unavailable'}")
-        on = ARGS.attention == "triton" and getattr(model, "set_attention_kernel",
-                                                    lambda on: False)(True)
+    on, rep = engine_defaults(model, attention=ARGS.kernels)
+    if ARGS.kernels:
         print(f"[{preset}] decode/verify attention: {'Triton kernel' if on else 'SDPA'}")
-    if ARGS.gemv and dev == "cuda":
-        from specpilot.kernels.gemv_bf16 import apply_gemv
-
-        rep = apply_gemv(model)
+    if rep is not None:
         print(f"[{preset}] Triton bf16 GEMV backend: {len(rep.swapped)} linears swapped, "
               f"{len(rep.kept)} kept on cuBLAS")
     sync()
@@ -482,7 +481,7 @@ def spec_section(model, preset: str, dt, batches: list[int], stock_check: bool, 
         if dev == "cuda" and model.fused:  # the draft model with the fused Triton kernels
             dk = random_transformer(dp, dev, dt, seed=9, fused=True)
             if getattr(dk, "set_fused_kernels", lambda on: False)(True):
-                engine_defaults(dk)
+                engine_defaults(dk, attention=True)
                 drafts[dp + "+kern"] = dk
     print(f"\n[spec] {preset}: oracle drafter vs AR of the same prompts ({n_new} new tokens); "
           f"k = cost model's best; expect = (1-a^(k+1))/(1-a); a^ = measured per-draft rate")

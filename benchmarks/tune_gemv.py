@@ -74,11 +74,15 @@ def problems(ws: list[torch.Tensor], M: int) -> dict[str, Problem]:
                             first=lambda c, x, o: bf16_matmul(x, ws[0], c, out=o))}
 
 
+def copies(w: torch.Tensor) -> list[torch.Tensor]:
+    """`w` and enough copies of it to stream past the L2 when cycled (at least 2 in all)."""
+    return [w] + [w.clone() for _ in range(max(2, -(-4 * L2_BYTES // (w.numel() * 2))) - 1)]
+
+
 def rotated(n: int, k: int, seed: int) -> list[torch.Tensor]:
-    """Enough N(0, 0.02) bf16 copies of an [n, k] weight to stream past the L2 (>= 2)."""
+    """`copies` of an N(0, 0.02) bf16 [n, k] weight."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
-    return [w] + [w.clone() for _ in range(max(2, -(-4 * L2_BYTES // (n * k * 2))) - 1)]
+    return copies((torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16))
 
 
 def main() -> int:

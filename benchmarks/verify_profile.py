@@ -23,34 +23,11 @@ import time
 
 import torch
 
-from benchmarks.fused_step import graph_ms, profile_table, step_graph
-from benchmarks.tune_gemv import problems
+from benchmarks.fused_step import graph_ms, per_kind, profile_table, step_graph
+from benchmarks.tune_gemv import copies, problems
 from specpilot.kernels.gemv_bf16 import GemvLinear, apply_gemv
 from specpilot.kernels.tuning import Problem, best, bucket, candidate_configs, graph_timer, tune
 from specpilot.runtime.random_model import random_transformer
-
-L2_BYTES = 50 * 2**20
-
-
-def kind(name: str) -> str:
-    n = name.lower()
-    if "linear_kernel" in n or any(s in n for s in ("gemm", "gemv", "cutlass", "nvjet",
-                                                     "xmma", "cublas")):
-        return "linear"
-    if any(s in n for s in ("fmha", "flash", "attention", "attend", "sdpa")):
-        return "attention"
-    if any(s in n for s in ("argmax", "reduce", "max")):
-        return "reduce"
-    return "other"
-
-
-def per_kind(rows: list[dict]) -> dict[str, list[float]]:
-    out: dict[str, list[float]] = {}
-    for r in rows:
-        k = out.setdefault(kind(r["name"]), [0.0, 0.0])
-        k[0] += r["us_per_step"]
-        k[1] += r["per_step"]
-    return out
 
 
 def timed(prob: Problem, cfg, x: torch.Tensor, out: torch.Tensor) -> float:
@@ -67,9 +44,7 @@ def linear_table(model, ms: list[int], tune_configs: bool) -> list[dict]:
             shapes.setdefault(tuple(m.weight.shape), m)
     rows = []
     for (n, k), mod in sorted(shapes.items()):
-        rot = max(2, -(-4 * L2_BYTES // (n * k * 2)))
-        w = mod.weight.detach()
-        ws = [w] + [w.clone() for _ in range(rot - 1)]
+        ws = copies(mod.weight.detach())
         for M in ms:
             probs = problems(ws, M)
             x = probs["cublas"].make_x(0)
