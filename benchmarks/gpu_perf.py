@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python3 benchmarks/gpu_perf.py [--budget-s 270] [--out DIR]
         [--sections check,ar,verify,spec,attn] [--sizes 8b,32b] [--batches 1,8,32] [--kernels]
-        [--gemv] [--attention triton|sdpa] [--drafts 0.6b,eagle]
+        [--gemv] [--attention triton|sdpa] [--drafts 0.6b,eagle] [--weights bf16|w12]
+        [--pdl on|off|both]
     .venv/bin/python benchmarks/gpu_perf.py --smoke      # CPU, tiny model: exercises the code
 
 Sections (--sections, a comma list, default all), in order, each skipped once the time
@@ -12,7 +13,8 @@ budget is spent (the JSON is rewritten after each, so a cut run keeps what it me
           greedy under tie-aware token forcing.
   ar      AR tokens/s at batch 1/8/32 for 8B- and 32B-class random models (engine, graphs)
           vs the cost model's roofline bound and a CUDA-graph cuBLAS ceiling (every GEMM of
-          one decode step, captured and replayed) measured here.
+          one decode step, captured and replayed) measured here; with --pdl both, also the
+          same engine without programmatic dependent launch.
   verify  verify(k) step / AR step for k = 2..16 at batch 1/8/32 (graph replays).
   spec    speculative tokens/s vs AR of the same prompts (measured in the section) with the
           oracle drafter (recorded on each spec engine's own path), alpha 0.6/0.8/0.9/1.0 at
@@ -28,6 +30,7 @@ Prints a table per section; writes gpu_perf.json under --out (default $OUT or .)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -229,6 +232,8 @@ def check(dt) -> None:
     ar_e, _ = gen(Engine(fused, cuda_graphs=False), prompts, N)
     row("AR fused graph", ar_g)
     row("AR fused eager (base: graph)", ar_e, base=ar_g)
+    ar_n, _ = gen(Engine(fused, cuda_graphs=True, pdl=False), prompts, N)
+    row("AR fused graph, no PDL (base: graph)", ar_n, base=ar_g)
     # the oracle records on the spec engine's own path (graphs, k, batch): alpha = 1 must
     # accept every draft, alpha = 0 none; its records are that engine's greedy output
     full = {}
@@ -248,7 +253,7 @@ def check(dt) -> None:
     row("AR graph, rows alone (base: batched)", single, base=ar_g[:3])
     ok = all(r["failures"] == 0 for r in rows)
     ok &= all(r["equal_to_base"] == len(prompts) for r in rows
-              if "eager" in r["engine"] or "oracle" in r["engine"])
+              if "eager" in r["engine"] or "oracle" in r["engine"] or "PDL" in r["engine"])
     ok &= all(v == len(prompts) for k, v in full.items() if "a=1.0" in k or "a=0.0" in k)
     print(f"\n[check] {cfg.hidden_size}x{cfg.num_layers} {dt} ragged batch {len(prompts)}, "
           f"{N} new, tie margin {margin:.4f}, fused-vs-stock logit deviation {dev_fused:.4f}")
@@ -320,8 +325,31 @@ def step_ms(model, B: int, T: int, kv_len: int, pos0: int = 150) -> float:
 
     def fn():
         return model.step(ids, pos, kv_len=kv_len)
-    g.run((B, T, kv_len), fn)
+    with pdl_scope(ARGS.pdl != "off"):
+        g.run((B, T, kv_len), fn)
     return time_ms(lambda: g.run((B, T, kv_len), fn))
+
+
+def pdl_scope(on: bool):
+    """Programmatic dependent launch of the Triton kernels inside (as the engine's knob)."""
+    if ARGS.device != "cuda":
+        return contextlib.nullcontext()
+    from specpilot.kernels import pdl
+
+    return pdl.scope(on)
+
+
+def apply_weights(model, batches: list[int]) -> str:
+    """--weights w12: W12 layers where the tuned table says W12 wins at every batch asked
+    (as `weights = w12` does for an AR engine). Returns a one-line summary."""
+    if ARGS.weights != "w12" or ARGS.device != "cuda":
+        return ""
+    from specpilot.kernels.w12_linear import apply_w12
+
+    rep = apply_w12(model, rows=tuple(batches))
+    on = [d for d in rep.layers if d.applied]
+    return (f"W12 weights: {len(on)} of {len(rep.layers)} linears, linears' bytes "
+            f"{rep.bytes_after / max(rep.bytes_before, 1):.3f}x")
 
 
 def engine_defaults(model, attention: bool) -> tuple[bool, object]:
@@ -345,6 +373,9 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     if ARGS.kernels:
         on = getattr(model, "set_fused_kernels", lambda on: False)(True)
         print(f"[{preset}] fused Triton elementwise kernels: {'on' if on else 'unavailable'}")
+    w12 = apply_weights(model, batches)
+    if w12:
+        print(f"[{preset}] {w12}")
     on, rep = engine_defaults(model, attention=ARGS.kernels)
     if ARGS.kernels:
         print(f"[{preset}] decode/verify attention: {'Triton kernel' if on else 'SDPA'}")
@@ -359,22 +390,28 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     if want("ar"):
         print(f"\n[ar] {preset}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B "
               f"params, {n_new} new tokens after {plen}-token prompts")
-        print(f"{'batch':>5}{'tok/s':>9}{'step ms':>9}{'gemm-graph ms':>15}{'bound ms':>10}"
-              f"{'% of gemm':>10}{'% of bound':>11}")
+        print(f"{'batch':>5}{'tok/s':>9}{'step ms':>9}{'no-PDL tok/s':>13}{'gemm-graph ms':>15}"
+              f"{'bound ms':>10}{'% of gemm':>10}{'% of bound':>11}")
     for B in batches if want("ar") else []:
         if left() < 20:
             break
         prompts = prompts_for(B, plen, V, B)
-        eng = Engine(model)
-        gen(eng, prompts, 8)  # capture
-        _, gens = gen(eng, prompts, n_new)
-        m = gens[0].metrics
-        ms = m.decode_s / m.verify_steps * 1e3
+        modes = {"both": (False, True), "on": (True,), "off": (False,)}[ARGS.pdl]
+        step = {}
+        for on in modes:  # the same model and prompts, PDL off then on
+            eng = Engine(model, pdl=on)
+            gen(eng, prompts, 8)  # capture
+            _, gens = gen(eng, prompts, n_new)
+            m = gens[0].metrics
+            step[on] = m.decode_s / m.verify_steps * 1e3
+        ms = step[modes[-1]]
+        off = B * 1e3 / step[False] if False in step else None
         ceil = gemm_ceiling(model, B)
         bnd = bound_ms(preset, B, 1, plen + n_new // 2)
-        ar[B] = {"tok_s": B * 1e3 / ms, "step_ms": ms, "gemm_graph_ms": ceil, "bound_ms": bnd}
-        print(f"{B:>5}{B * 1e3 / ms:>9.1f}{ms:>9.2f}{ceil:>15.2f}{(bnd or 0):>10.2f}"
-              f"{100 * ceil / ms:>9.0f}%{100 * (bnd or 0) / ms:>10.0f}%")
+        ar[B] = {"tok_s": B * 1e3 / ms, "step_ms": ms, "pdl": modes[-1], "no_pdl_tok_s": off,
+                 "gemm_graph_ms": ceil, "bound_ms": bnd}
+        print(f"{B:>5}{B * 1e3 / ms:>9.1f}{ms:>9.2f}{(off or 0):>13.1f}{ceil:>15.2f}"
+              f"{(bnd or 0):>10.2f}{100 * ceil / ms:>9.0f}%{100 * (bnd or 0) / ms:>10.0f}%")
     res["ar"] = ar
     save()
     if want("ar") and stock_check and left() > 60 and dev == "cuda":
@@ -583,6 +620,11 @@ def main() -> int:
     ap.add_argument("--drafts", default="0.6b,eagle",
                     help="spec: draft-model presets whose cost the oracle pays (eagle = the "
                          "EAGLE-class head of the target's size, eagle-8b / eagle-32b)")
+    ap.add_argument("--weights", choices=("bf16", "w12"), default="bf16",
+                    help="w12: W12 linears where the tuned table says they win at --batches")
+    ap.add_argument("--pdl", choices=("on", "off", "both"), default="both",
+                    help="programmatic dependent launch of the Triton kernels (ar: both = "
+                         "off and on side by side; other sections: on unless off)")
     ap.add_argument("--peer", action="store_true", help="also run benchmarks/hf_peer.py (8b)")
     ARGS = ap.parse_args()
     ARGS.sections = [x.strip() for x in ARGS.sections.split(",") if x.strip()]

@@ -4,7 +4,7 @@ Each round it proposes single-knob moves away from the current best engine: the 
 drafters the deployment allows, the cost model's predicted best k and k +- 1/2 (per batch
 size when the deployment has several), n-gram sizes for the n-gram drafter, the thread
 count on CPU and, on a GPU, the engine's switches (CUDA graphs, fused projections and
-kernels, the GEMV backend, W12 weights, the attention bucket and backend). k never goes
+kernels, the GEMV backend, W12 weights, the attention bucket and backend, PDL). k never goes
 above what the drafter can propose (a block drafter's block_size - 1, from its
 config.json): such moves would only fail. Moves already tried
 (same resulting knobs) are skipped; the order puts the cost model's suggestions and the
@@ -93,12 +93,12 @@ def moves(ctx: ProposalContext) -> list[tuple[int, dict, str]]:
 GPU_SWITCHES = {"cuda_graphs": (True, False), "fused_proj": (True, False),
                 "fused_kernels": (True, False), "gemv": ("auto", "cublas"),
                 "weights": ("bf16", "w12"), "kv_bucket": (128, 256, 512),
-                "attention": ("auto", "sdpa")}
+                "attention": ("auto", "sdpa"), "pdl": (True, False)}
 
 
 def gpu_moves(best: dict, overhead_gap: bool) -> list[tuple[int, dict, str]]:
     """Flip one GPU switch (graphs, fusions, GEMV backend, W12 weights, attention bucket
-    and backend): after drafter and k, unless the gap report blames launch/step overhead."""
+    and backend, PDL): after drafter and k, unless the gap report blames launch/step overhead."""
     prio = 1 if overhead_gap else 3
     out = []
     for knob, values in GPU_SWITCHES.items():

@@ -36,6 +36,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from . import pdl
+
 HEAD_DIMS = (64, 128)
 BLOCK_N = 64  # KV slots per inner iteration
 MIN_SPLIT = 128  # fewest KV slots a split handles (shorter splits cost more than they save)
@@ -51,7 +53,9 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ws_ptr, ml_ptr, cnt_ptr,
                  sq_b, sq_h, sq_m, sk_b, sk_h, sk_s, sv_b, sv_h, sv_s,
                  sm_b, sm_h, sm_m, sm_s, so_b, so_h, so_t, so_g, qk_scale,
                  HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_MASK: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr):
+                 HAS_MASK: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
+                 PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     LOG2E: tl.constexpr = 1.4426950408889634
     bh = tl.program_id(0) // n_mt  # the row tiles of one head are neighbours (L2 reuse)
     mt = tl.program_id(0) % n_mt
@@ -101,6 +105,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ws_ptr, ml_ptr, cnt_ptr,
             pv = tl.dot(p.to(v.dtype), v)
         acc = acc * alpha[:, None] + pv
         m_i = m_new
+    pdl.release(PDL)
     if SPLIT:
         tile = bh * n_mt + mt
         nsp = tl.num_programs(1)
@@ -231,12 +236,13 @@ def _launch(q, k, v, mask, out, G: int, so: tuple[int, int, int, int],
                                  n_tiles * splits * 2 * bm, n_tiles)
     else:
         ws = ml = cnt = out  # unused
+    on = pdl.active(q.device)
     _attn_kernel[(n_tiles, splits)](
         q, k, v, mask, out, ws, ml, cnt, H, M, S, G, chunk, n_mt,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *sm, *so,
         (1.0 / math.sqrt(hd)) * 1.4426950408889634,
         HD=hd, HAS_MASK=mask is not q, SPLIT=splits > 1, F32_DOT=q.dtype == torch.float32,
-        **cfg)
+        PDL=on, **cfg, **pdl.launch(on))
 
 
 def _check(q, k, v, mask) -> None:

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import pdl
+
 
 @triton.jit
 def _round(x, like):
@@ -45,7 +47,8 @@ def _round_kernel(x_ptr, out_ptr, like_ptr, N, BLOCK: tl.constexpr):
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, xo_ptr, y_ptr, N, eps,
-                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     m = offs < N
@@ -57,16 +60,19 @@ def _rms_norm_kernel(x_ptr, r_ptr, w_ptr, xo_ptr, y_ptr, N, eps,
     inv = tl.rsqrt(tl.sum(x * x, axis=0) / N + eps)
     xn = _round(x * inv, y_ptr)
     w = tl.load(w_ptr + offs, mask=m, other=0.0).to(tl.float32)
+    pdl.release(PDL)
     tl.store(y_ptr + row * N + offs, (w * xn).to(y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     g = tl.load(gu_ptr + row * 2 * N + offs, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * N + N + offs, mask=m, other=0.0).to(tl.float32)
+    pdl.release(PDL)
     s = _round(g / (1.0 + tl.exp(-g)), out_ptr)
     tl.store(out_ptr + row * N + offs, (s * u).to(out_ptr.dtype.element_ty), mask=m)
 
@@ -77,7 +83,8 @@ def _silu_mul_kernel(gu_ptr, out_ptr, N, BLOCK: tl.constexpr):
 def _qkv_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, nw_ptr, pos_ptr, q_ptr, k_ptr, v_ptr,
                      T, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, eps,
                      NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-                     HAS_NORM: tl.constexpr, USE_POS: tl.constexpr):
+                     HAS_NORM: tl.constexpr, USE_POS: tl.constexpr, PDL: tl.constexpr = False):
+    pdl.enter(PDL)
     row = tl.program_id(0).to(tl.int64)  # b * T + t
     h = tl.program_id(1)  # head of the fused output: NH query, NKV key, NKV value heads
     b = row // T
@@ -88,6 +95,7 @@ def _qkv_rope_kernel(qkv_ptr, cos_ptr, sin_ptr, nw_ptr, pos_ptr, q_ptr, k_ptr, v
     src = qkv_ptr + row * (NH + 2 * NKV) * HD + h * HD
     x1 = tl.load(src + offs).to(tl.float32)
     x2 = tl.load(src + HALF + offs).to(tl.float32)
+    pdl.release(PDL)
     if USE_POS:
         slot = tl.load(pos_ptr + row)
     else:
@@ -155,9 +163,11 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         r2, xo = x2, x2
     if x2.shape[0]:
         block = triton.next_power_of_2(N)
+        on = pdl.active(x.device)
         _rms_norm_kernel[(x2.shape[0],)](x2, r2, weight, xo, y, N, eps,
                                          HAS_RES=residual is not None, BLOCK=block,
-                                         num_warps=min(16, max(1, block // 512)))
+                                         num_warps=min(16, max(1, block // 512)), PDL=on,
+                                         **pdl.launch(on))
     return xo.view(x.shape), y.view(x.shape)
 
 
@@ -170,8 +180,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(gu.shape[0], N, dtype=gu.dtype, device=gu.device)
     if gu.shape[0]:
         block = min(2048, triton.next_power_of_2(N))
+        on = pdl.active(gu.device)
         _silu_mul_kernel[(gu.shape[0], triton.cdiv(N, block))](gu, out, N, BLOCK=block,
-                                                                num_warps=4)
+                                                                num_warps=4, PDL=on,
+                                                                **pdl.launch(on))
     return out.view(*gate_up.shape[:-1], N)
 
 
@@ -217,12 +229,13 @@ def qkv_rope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
         v_out = torch.empty_like(k_out)
         pos = qkv  # unused
     if B * T:
+        on = pdl.active(qkv.device)
         _qkv_rope_kernel[(B * T, H)](
             qkv, cos, sin, norm_weight if norm_weight is not None else qkv, pos, q, k_out, v_out,
             T, k_out.stride(0), k_out.stride(1), k_out.stride(2),
             v_out.stride(0), v_out.stride(1), v_out.stride(2), eps,
             NH=nh, NKV=nkv, HD=hd, HAS_NORM=norm_weight is not None, USE_POS=use_pos,
-            num_warps=1 if hd <= 128 else 2)
+            num_warps=1 if hd <= 128 else 2, PDL=on, **pdl.launch(on))
     if use_pos:
         return q, k_out[:B], v_out[:B]
     return q, k_out, v_out

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 from torch import nn
 
+from . import pdl
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
 from .tuning import BUCKETS, TunedTable, bucket, load_table
 from .w12_triton import KernelConfig, launch_grid
@@ -32,6 +33,7 @@ def bf16_linear_kernel(
     x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_w, stride_xm, stride_ym, K_PER,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN_K: tl.constexpr, VARIANT: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -42,9 +44,10 @@ def bf16_linear_kernel(
     m_mask = offs_m < M
     kk = tl.arange(0, BK)
     w_off = rows[:, None] * stride_w + kk[None, :]
+    k_lo = pid_k * K_PER
+    pdl.enter(PDL)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc3 = tl.zeros((BM, BN, BK), dtype=tl.float32)  # GEMV VARIANT 1 only
-    k_lo = pid_k * K_PER
     for k0 in range(k_lo, tl.minimum(k_lo + K_PER, K), BK):
         if EVEN_K:
             w = tl.load(w_ptr + w_off + k0, eviction_policy="evict_first")
@@ -73,6 +76,7 @@ def bf16_linear_kernel(
                              other=0.0, eviction_policy="evict_last").to(tl.float32)
                 part = tl.sum(wf * xm[None, :], axis=1)
                 acc += tl.where((tl.arange(0, BM) == m)[:, None], part[None, :], 0.0)
+    pdl.release(PDL)
     if not USE_DOT and VARIANT == 1:
         acc = tl.sum(acc3, axis=2)
     finish = True
@@ -102,11 +106,12 @@ def bf16_matmul(x: torch.Tensor, w: torch.Tensor, cfg: KernelConfig,
                         grid[0] * grid[2])
     kper = k_per_split(k, cfg.bk, cfg.split_k)
     even = k % cfg.bk == 0 and kper * cfg.split_k == k
+    on = pdl.active(x.device)
     bf16_linear_kernel[grid](
         x, w, y, ws, cnt, m, n, k, w.stride(0), x.stride(0), y.stride(0), kper,
         BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, USE_DOT=cfg.dot,
         F32_DOT=f32_dot, EVEN_K=even, VARIANT=cfg.variant, num_warps=cfg.warps,
-        num_stages=cfg.stages,
+        num_stages=cfg.stages, PDL=on, **pdl.launch(on),
     )
     return y
 

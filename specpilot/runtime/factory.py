@@ -24,7 +24,10 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
     if spec == "oracle" or spec.startswith("oracle:"):
         from .drafters.oracle import load_oracle
 
-        return load_oracle(spec, target, knobs, device, dtype)
+        oracle = load_oracle(spec, target, knobs, device, dtype)
+        if oracle.draft_model is not None:  # it models drafting cost: run it as a draft runs
+            prepare_draft(oracle.draft_model, knobs)
+        return oracle
     kind, _, path = spec.partition(":")
     if not path:
         raise CheckpointError(f"drafter {spec!r} needs a directory: {kind}:DIR")
@@ -32,10 +35,7 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
         from .drafters.draft_model import DraftModelDrafter
 
         model = load_model(path, device, dtype)
-        if str(device).startswith("cuda") and knobs.fused_proj:
-            model.fuse_projections(kernels=knobs.fused_kernels)
-            apply_attention_knob(model, knobs)
-        apply_linear_knobs(model, knobs)
+        prepare_draft(model, knobs)
         if model.cfg.vocab_size != target.cfg.vocab_size:
             raise CheckpointError(
                 f"drafter {path} has vocabulary size {model.cfg.vocab_size}, the target "
@@ -47,6 +47,15 @@ def load_drafter(spec: str, target: Transformer, knobs: Knobs, device, dtype) ->
 
         return load_block_drafter(path, target, device, dtype)
     raise CheckpointError(f"unknown drafter kind {kind!r}: use ngram, draft:DIR or block:DIR")
+
+
+def prepare_draft(model: Transformer, knobs: Knobs) -> None:
+    """A draft model's kernels, as the target's: on CUDA fused projections, the fused
+    kernels and the attention knob; the linear backends everywhere (no-ops on a CPU)."""
+    if model.device.type == "cuda" and knobs.fused_proj:
+        model.fuse_projections(kernels=knobs.fused_kernels)
+        apply_attention_knob(model, knobs)
+    apply_linear_knobs(model, knobs)
 
 
 def apply_attention_knob(model: Transformer, knobs: Knobs) -> bool:
@@ -123,5 +132,5 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
     if knobs.drafter is not None:
         drafter = load_drafter(knobs.drafter, target, knobs, device, target.dtype)
     engine = Engine(target, drafter, k=knobs.k_for(batch_size), cuda_graphs=knobs.cuda_graphs,
-                    kv_bucket=knobs.kv_bucket)
+                    kv_bucket=knobs.kv_bucket, pdl=knobs.pdl)
     return engine, tokenizer

@@ -76,7 +76,8 @@ class Engine:
 
     `cuda_graphs` (CUDA only): capture each step once per (batch, k, attended prefix) and
     replay it. `kv_bucket` (CUDA only): attend to the cache prefix rounded up to this many
-    slots (0: the whole static cache)."""
+    slots (0: the whole static cache). `pdl` (CUDA, compute capability 9.0+): launch the
+    step's Triton kernels with programmatic dependent launch (`kernels/pdl.py`)."""
 
     target: Transformer
     drafter: Drafter | None = None
@@ -84,6 +85,7 @@ class Engine:
     eos_ids: tuple[int, ...] = field(default_factory=tuple)
     cuda_graphs: bool = True
     kv_bucket: int = 256
+    pdl: bool = True
 
     def __post_init__(self) -> None:
         if not self.eos_ids:
@@ -116,6 +118,15 @@ class Engine:
                  ignore_eos: bool = False) -> list[Generation]:
         if not prompts:
             return []
+        if self.pdl and self.target.device.type == "cuda":
+            from ..kernels import pdl
+
+            with pdl.scope(True):
+                return self._generate(prompts, max_new_tokens, ignore_eos)
+        return self._generate(prompts, max_new_tokens, ignore_eos)
+
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int,
+                  ignore_eos: bool) -> list[Generation]:
         self._check(prompts, max_new_tokens)
         prepare = getattr(self.drafter, "prepare", None)
         if prepare is not None:

@@ -28,6 +28,7 @@ class Knobs:
     # decode/verify attention: "triton" (split-KV kernel; CUDA, fused_proj, head dim 64/128)
     # | "sdpa" | "auto" (triton on CUDA bf16, sdpa elsewhere)
     attention: str = "auto"
+    pdl: bool = True  # programmatic dependent launch of the steps' Triton kernels (CUDA sm90+)
 
     def k_for(self, batch_size: int) -> int:
         if self.drafter is None:
@@ -72,6 +73,8 @@ class Knobs:
         if not isinstance(self.fused_kernels, bool):
             raise SpecPilotError(f"fused_kernels must be true or false, "
                                  f"got {self.fused_kernels!r}")
+        if not isinstance(self.pdl, bool):
+            raise SpecPilotError(f"pdl must be true or false, got {self.pdl!r}")
         if self.kv_bucket < 0 or self.kv_bucket % 16:
             raise SpecPilotError(f"kv_bucket must be 0 or a positive multiple of 16, "
                                  f"got {self.kv_bucket}")
