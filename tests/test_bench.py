@@ -112,3 +112,17 @@ def test_cli_bench_engine_dir_with_overlay(qwen3_dir, workload_file, tmp_path):
     assert res["environment"]["deployment"] == "mini"
     assert len(res["requests"]) == 4 and res["settings"]["batch"] == 2
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".res.json")] == []
+
+
+def test_local_runner_builds_for_its_batch_sizes(monkeypatch, qwen3_dir):
+    """The engine is built for every batch size the runner will time (W12 layers are
+    chosen where they win at all of them: `factory.step_rows`)."""
+    import specpilot.runtime.factory as factory
+
+    seen = []
+    real = factory.build_engine
+    monkeypatch.setattr(factory, "build_engine",
+                        lambda *a, **k: seen.append(a[4]) or real(*a, **k))
+    LocalRunner(qwen3_dir, Knobs(), batch_sizes=(1, 8))
+    LocalRunner(qwen3_dir, Knobs())
+    assert seen == [(1, 8), (1,)]

@@ -198,3 +198,6 @@ def test_step_rows_follow_k_and_batch():
     assert step_rows(Knobs(), 1) == (1,)
     assert step_rows(Knobs(drafter="ngram", k=4), 1) == (1, 5)
     assert step_rows(Knobs(drafter="ngram", k=4, k_per_batch={8: 2}), 8) == (8, 24)
+    # an engine run at several batch sizes: every row count of every one of them
+    assert step_rows(Knobs(drafter="ngram", k=4, k_per_batch={8: 2}), (1, 8)) == (1, 5, 8, 24)
+    assert step_rows(Knobs(), (1, 8, 32)) == (1, 8, 32)

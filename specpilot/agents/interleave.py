@@ -53,11 +53,11 @@ class EngineProcess:
     """A `worker --serve` process: one engine, loaded once, answering timing commands."""
 
     def __init__(self, e: Entrant, target: str, device: str, dtype: str, tmp: Path,
-                 limit_s: float):
+                 limit_s: float, batch_sizes: list[int]):
         self.name, self.limit_s, self.error, self._buf = e.name, limit_s, "", b""
         req = tmp / f"{e.name}.json"
         req.write_text(json.dumps({"target": target, "knobs": e.knobs, "device": device,
-                                   "dtype": dtype}))
+                                   "dtype": dtype, "batch_sizes": list(batch_sizes)}))
         self.log = tmp / f"{e.name}.log"
         threads = os.environ.get("OMP_NUM_THREADS", "1")  # as `evaluate.run_worker`
         with open(self.log, "w") as logf:
@@ -151,7 +151,7 @@ def interleaved(entrants: list[Entrant], target: str, device: str, dtype: str,
                 for e in entrants:
                     if e.name not in errors:
                         procs.append(EngineProcess(e, target, device, dtype, Path(tmp),
-                                                   limit_s))
+                                                   limit_s, batch_sizes))
                 for b in batch_sizes:  # warm-up: the first chunk of each batch size
                     for p in procs:
                         p.call(prompts[:b], max_new_tokens)

@@ -90,7 +90,7 @@ def run(req: dict) -> dict:
         return {"ok": False, "error": f"imported specpilot from {pkg}, not the build {want}"}
     batches, mnt = [int(b) for b in req["batch_sizes"]], int(req["max_new_tokens"])
     runner = LocalRunner(req["target"], Knobs.from_dict(req["knobs"]), req["device"],
-                         req["dtype"])
+                         req["dtype"], tuple(batches))
     split = time_drafts(runner)
     hist = count_accepts(runner)
     res: dict = {"ok": True, "package": pkg, "bench": {}, "accept_hist": hist, "split": split}
@@ -111,7 +111,7 @@ def serve(req: dict, proto) -> int:
     from specpilot.runtime.knobs import Knobs
 
     runner = LocalRunner(req["target"], Knobs.from_dict(req["knobs"]), req["device"],
-                         req["dtype"])
+                         req["dtype"], tuple(int(b) for b in req.get("batch_sizes", [1])))
     proto.write(json.dumps({"ok": True, "ready": True}) + "\n")
     proto.flush()
     for line in sys.stdin:

@@ -177,7 +177,7 @@ def _child_main(spec_path: str, out_path: str) -> None:
 
     spec = json.loads(Path(spec_path).read_text())
     runner = LocalRunner(spec["model"], Knobs.from_dict(spec["knobs"]), spec["device"],
-                         spec["dtype"])
+                         spec["dtype"], (spec["batch"],))
     wl = PromptSet(spec["workload"]["name"], spec["workload"]["hash"], spec["items"])
     res = run_bench(runner, wl, runner.tokenizer, spec["batch"], spec["max_new_tokens"],
                     spec["limit"], spec["repeats"], progress=False, meta=spec["meta"])
@@ -306,7 +306,7 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
         res = bench_in_build(build, model, knobs, device, dtype, wl, tokenizer, batch,
                              max_new_tokens, limit, repeats, meta)
     else:
-        runner = LocalRunner(model, knobs, device, dtype)
+        runner = LocalRunner(model, knobs, device, dtype, (batch,))
         res = run_bench(runner, wl, tokenizer, batch, max_new_tokens, limit, repeats,
                         progress, meta)
     write_result(out, res)

@@ -26,17 +26,19 @@ def _sync(device: str) -> None:
 
 
 class LocalRunner:
-    """The native engine (target + the knobs' drafter) on `device`/`dtype`."""
+    """The native engine (target + the knobs' drafter) on `device`/`dtype`, built for the
+    batch sizes it will run (`batch_sizes`: where W12 layers pay off depends on them)."""
 
     kind = "local"
 
     def __init__(self, model_dir: str | Path, knobs: Knobs | None = None, device: str = "cpu",
-                 dtype: str = "float32"):
+                 dtype: str = "float32", batch_sizes: tuple[int, ...] = (1,)):
         from ..runtime.factory import build_engine
 
         self.model_dir, self.knobs = str(model_dir), knobs or Knobs()
         self.device, self.dtype = device, dtype
-        self.engine, self.tokenizer = build_engine(model_dir, self.knobs, device, dtype, 1)
+        self.engine, self.tokenizer = build_engine(model_dir, self.knobs, device, dtype,
+                                                   tuple(batch_sizes))
 
     @property
     def device_name(self) -> str:

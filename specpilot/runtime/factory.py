@@ -77,9 +77,11 @@ def check_linear_knobs(knobs: Knobs, device: str, dtype: str | torch.dtype) -> N
             f"on the GPU), got {device}/{parse_dtype(dtype)}: use weights = bf16 here")
 
 
-def step_rows(knobs: Knobs, batch_size: int) -> tuple[int, ...]:
-    """Rows a target's linears see per step: batch (decode) and batch x (k + 1) (verify)."""
-    return tuple(sorted({batch_size, batch_size * (knobs.k_for(batch_size) + 1)}))
+def step_rows(knobs: Knobs, batch_sizes: int | tuple[int, ...]) -> tuple[int, ...]:
+    """Rows a target's linears see per step at each batch size the engine serves: the
+    batch (decode) and batch x (k + 1) (verify, with that batch's k)."""
+    bs = (batch_sizes,) if isinstance(batch_sizes, int) else batch_sizes
+    return tuple(sorted({r for b in bs for r in (b, b * (knobs.k_for(b) + 1))}))
 
 
 def apply_linear_knobs(model: Transformer, knobs: Knobs, skip: tuple[str, ...] = (),
@@ -102,8 +104,12 @@ def apply_linear_knobs(model: Transformer, knobs: Knobs, skip: tuple[str, ...] =
 
 
 def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str = "cpu",
-                 dtype: str = "float32", batch_size: int = 1) -> tuple[Engine, Tokenizer]:
+                 dtype: str = "float32", batch_size: int | tuple[int, ...] = 1
+                 ) -> tuple[Engine, Tokenizer]:
+    """The engine of `knobs` for `model_dir`; `batch_size`: the batch size (or sizes) it
+    will run, which decides where W12 layers pay off (`step_rows`)."""
     knobs = knobs or Knobs()
+    sizes = (batch_size,) if isinstance(batch_size, int) else tuple(batch_size)
     if device == "cuda" and not torch.cuda.is_available():
         raise CheckpointError("--device cuda was asked for but no CUDA device is available")
     check_linear_knobs(knobs, device, dtype)
@@ -122,7 +128,7 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
     # the block drafter reads the target's lm_head.weight: keep that layer dense for it
     block = (knobs.drafter or "").startswith("block:")
     apply_linear_knobs(target, knobs, skip=("lm_head",) if block else (),
-                       rows=step_rows(knobs, batch_size))
+                       rows=step_rows(knobs, sizes))
     if tokenizer is not None and tokenizer.vocab_size > target.cfg.vocab_size:
         raise CheckpointError(
             f"{model_dir}: tokenizer has {tokenizer.vocab_size} tokens but the model only "
@@ -131,6 +137,6 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
     drafter = None
     if knobs.drafter is not None:
         drafter = load_drafter(knobs.drafter, target, knobs, device, target.dtype)
-    engine = Engine(target, drafter, k=knobs.k_for(batch_size), cuda_graphs=knobs.cuda_graphs,
+    engine = Engine(target, drafter, k=knobs.k_for(sizes[0]), cuda_graphs=knobs.cuda_graphs,
                     kv_bucket=knobs.kv_bucket, pdl=knobs.pdl)
     return engine, tokenizer
