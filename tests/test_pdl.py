@@ -64,7 +64,7 @@ def test_pdl_step_equals_plain_step_bit_for_bit():
         ids = torch.randint(0, cfg.vocab_size, (2, T), device=dev)
         pos = (100 + torch.arange(T, device=dev))[None].expand(2, T).contiguous()
         logits = {}
-        def step():
+        def step(ids=ids, pos=pos):
             return model.head(model.body(ids, pos, kv_len=256)[0])
 
         for on in (False, True):

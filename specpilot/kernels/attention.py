@@ -29,14 +29,13 @@ mishandles bf16.
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import pdl
+from . import interpreting, pdl
 
 HEAD_DIMS = (64, 128)
 BLOCK_N = 64  # KV slots per inner iteration
@@ -144,10 +143,6 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ws_ptr, ml_ptr, cnt_ptr,
         tl.store(dst, out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether `attend` runs the Triton kernel for these inputs (else it calls SDPA): head
     dim 64 or 128, bf16/fp16/fp32, one KV head per q head, on CUDA (or any device under
@@ -155,7 +150,7 @@ def supported(q: torch.Tensor, k: torch.Tensor) -> bool:
     return (q.dim() == 4 and k.dim() == 4 and q.shape[-1] in HEAD_DIMS
             and q.shape[:2] == k.shape[:2] and k.shape[-1] == q.shape[-1]
             and q.dtype in (torch.bfloat16, torch.float16, torch.float32)
-            and k.dtype == q.dtype and (q.is_cuda or _interpreting()))
+            and k.dtype == q.dtype and (q.is_cuda or interpreting()))
 
 
 def _sm_count(device: torch.device) -> int:

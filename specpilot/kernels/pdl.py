@@ -20,13 +20,14 @@ its steps when its `pdl` knob is on.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import triton
 import triton.language as tl
+
+from . import interpreting
 
 _ON = [False]
 
@@ -44,7 +45,7 @@ def scope(on: bool) -> Iterator[None]:
 
 def supported(device: torch.device) -> bool:
     """Compute capability 9.0+ and a Triton that compiles the grid-dependency controls."""
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    if device.type != "cuda" or interpreting():
         return False
     return _capable(device.index if device.index is not None else torch.cuda.current_device())
 
