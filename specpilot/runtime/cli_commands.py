@@ -154,7 +154,9 @@ def run_serve(spec: EngineSpec, host: str, port: int, max_batch: int) -> None:
 
     if max_batch < 1:
         raise SpecPilotError(f"--max-batch must be >= 1, got {max_batch}")
-    engine, tok = build_engine(spec.model, spec.knobs, spec.device, spec.dtype, max_batch)
+    # a server batches whatever is in flight: any size up to max_batch
+    engine, tok = build_engine(spec.model, spec.knobs, spec.device, spec.dtype,
+                               tuple(range(1, max_batch + 1)))
     print(f"specpilot: {spec.model} on {spec.device}/{spec.dtype}, drafter "
           f"{spec.knobs.drafter or 'none'} (k={engine.k}), max batch {max_batch}",
           file=sys.stderr, flush=True)
