@@ -2,13 +2,16 @@
 
 Run on the GPU machine from the repo root:
 
-    PYTHONPATH=. python3 benchmarks/w12_bench.py [--quick] [--no-step]
+    PYTHONPATH=. python3 benchmarks/w12_bench.py [--quick] [--no-step] [--explore] [--asm]
 
 Checks first (bit-exact unpack on the device for all 65536 bf16 patterns and per shape;
 every tuned config against the fp32 reference on fresh inputs with NaN-poisoned outputs),
 then tunes and times each kernel in CUDA graphs over weight copies rotated past the L2,
 and prints the table last. Writes w12_bench.json and the tuned-config table
-(<device>.json) under $OUT (default: the current directory).
+(<device>.json) under $OUT (default: the current directory). `--explore` times a wider
+tensor-core grid (`explore_candidates`) than the engine's tuning grid; `--asm` writes
+w12_asm.json: per compiled W12 kernel, what its TTGIR/PTX hold (async copies, register to
+shared stores, wgmma/mma counts, registers, spills).
 """
 
 from __future__ import annotations
@@ -108,13 +111,78 @@ def check_asm_matches_plain() -> bool:
     ok = True
     cases = [(1, KernelConfig(bm=1, bn=32)), (3, KernelConfig(bm=4, bn=16, split_k=2)),
              (16, KernelConfig(bm=16, bn=64, dot=True)),
-             (16, KernelConfig(bm=16, bn=64, dot=True, variant=3))]
+             (16, KernelConfig(bm=16, bn=64, dot=True, variant=3)),
+             (16, KernelConfig(bm=16, bn=64, bk=128, dot=True, variant=7)),
+             (9, KernelConfig(bm=16, bn=64, bk=256, split_k=2, dot=True, variant=5))]
     for b, cfg in cases:
         x = torch.randn(b, 4096, device="cuda").to(torch.bfloat16)
         ys = [w12_matmul(x, p, KernelConfig(**{**cfg.to_dict(), "variant": cfg.variant & ~1 | v}))
               for v in (0, 1)]
         ok = ok and torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16))
     return ok
+
+
+def explore_candidates(b: int) -> list[KernelConfig]:
+    """A wider W12 grid for the tensor-core path (batch >= 2) than `w12_candidates`: both
+    orientations of the sliced path, and the join/reshape path once for reference."""
+    if b < 2:
+        return w12_candidates(b)
+    K = KernelConfig
+    bm = 32 if b > 16 else 16
+    gemv = [c for c in w12_candidates(b) if not c.dot][:1]
+    grid = [  # (bn, bk, split_k, warps, stages, variant)
+        (64, 256, 2, 4, 3, 5), (64, 256, 2, 4, 4, 5), (64, 256, 2, 4, 5, 5),
+        (64, 256, 1, 4, 4, 5), (64, 256, 4, 4, 4, 5), (64, 512, 1, 4, 3, 5),
+        (64, 512, 2, 4, 3, 5), (32, 256, 2, 4, 4, 5), (32, 512, 2, 4, 3, 5),
+        (32, 512, 4, 4, 4, 5), (128, 256, 2, 8, 3, 5), (64, 256, 2, 8, 4, 5),
+        (64, 256, 2, 4, 4, 7), (64, 512, 2, 4, 3, 7), (64, 128, 2, 4, 3, 3)]
+    return gemv + [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
+                   for bn, bk, s, w, p, v in grid]
+
+
+def asm_report(out_dir: str, keep: int = 2) -> list[dict]:
+    """What the compiled W12 kernels' TTGIR/PTX hold; the TTGIR of the first `keep` sliced
+    tensor-core kernels is written beside it."""
+    import re
+
+    from specpilot.kernels.w12_triton import w12_linear_kernel as fn
+
+    rows, kept = [], 0
+    for caches in fn.device_caches.values():
+        for kern in list(caches[0].values()):
+            try:
+                consts = {fn.arg_names[k[0]]: v for k, v in kern.src.constants.items()
+                          if isinstance(k, tuple) and len(k) == 1}
+                consts = {k: v for k, v in consts.items() if isinstance(v, (bool, int))}
+                ttgir, ptx = kern.asm["ttgir"], kern.asm["ptx"]
+                loop = ttgir[ttgir.find("scf.for"):]
+                row = {"consts": consts, "warps": kern.metadata.num_warps,
+                       "stages": kern.metadata.num_stages,
+                       "regs": getattr(kern, "n_regs", None),
+                       "spills": getattr(kern, "n_spills", None),
+                       "shared": kern.metadata.shared,
+                       "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
+                       "ttgir_reg_to_shared_in_loop": len(re.findall(r"local_alloc %", loop))
+                       + loop.count("local_store"),
+                       "ttgir_wgmma": ttgir.count("warp_group_dot "),
+                       "ttgir_tt_dot": ttgir.count("tt.dot "),
+                       "ptx_wgmma": ptx.count("wgmma.mma_async"),
+                       "ptx_mma_sync": ptx.count("mma.sync"),
+                       "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
+                       "ptx_st_shared": len(re.findall(r"st\.shared", ptx)),
+                       "ptx_ldmatrix": ptx.count("ldmatrix")}
+                rows.append(row)
+                if consts.get("SLICED") and consts.get("USE_DOT") and kept < keep:
+                    tag = f"{'swap' if consts.get('SWAP') else 'xw'}_m{consts.get('BM')}" \
+                          f"n{consts.get('BN')}g{consts.get('GS')}"
+                    with open(os.path.join(out_dir, f"w12_{tag}.ttgir"), "w") as f:
+                        f.write(ttgir)
+                    kept += 1
+            except (AttributeError, KeyError, TypeError, IndexError) as e:  # report the rest
+                rows.append({"error": f"{type(e).__name__}: {e}"[:200]})
+    with open(os.path.join(out_dir, "w12_asm.json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    return rows
 
 
 def bf16_configs(table: TunedTable, n: int, k: int, b: int, full: bool) -> list[KernelConfig]:
@@ -128,7 +196,7 @@ def bf16_configs(table: TunedTable, n: int, k: int, b: int, full: bool) -> list[
 
 
 def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
-                full_bf16=False) -> tuple[list[dict], list, dict]:
+                full_bf16=False, explore=False) -> tuple[list[dict], list, dict]:
     w = llm_like(n, k, seed=sum(map(ord, name)))
     packed = fmt.pack(w)
     exact = torch.equal(w12_unpack(packed).view(torch.int16), w.view(torch.int16))
@@ -142,7 +210,7 @@ def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
     rows, records = [], []
     for b in batches:
         probs = make_problems(n, k, b, w_bf16, w_12)
-        cfgs = w12_candidates(bucket(b))
+        cfgs = (explore_candidates if explore else w12_candidates)(bucket(b))
         tcfgs = bf16_configs(shipped or TunedTable(device="none"), n, k, b, full_bf16)
         if quick or time.time() > deadline:
             cfgs, tcfgs = cfgs[:2], tcfgs[:1]
@@ -245,6 +313,9 @@ def main() -> None:
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--full-bf16", action="store_true",
                     help="tune the bf16 kernel over its grid (default: the shipped table's best)")
+    ap.add_argument("--explore", action="store_true",
+                    help="time the wider tensor-core grid of explore_candidates")
+    ap.add_argument("--asm", action="store_true", help="write w12_asm.json (see above)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="past 75%% of this, tune only 2 configs; past it, skip the step")
     args = ap.parse_args()
@@ -270,13 +341,16 @@ def main() -> None:
     for name in names:
         n, k = SHAPES[name]
         r, recs, info = bench_shape(name, n, k, batches, args.quick, log,
-                                    t0 + 0.75 * args.budget_s, shipped, args.full_bf16)
+                                    t0 + 0.75 * args.budget_s, shipped, args.full_bf16,
+                                    args.explore)
         rows += r
         infos.append(info)
         for rec in recs:
             table.add(rec)
         print(f"{name} done at {time.time() - t0:.0f}s", flush=True)
     res.update(rows=rows, shapes=infos)
+    if args.asm:
+        res["asm"] = asm_report(out_dir)
     table.save(os.path.join(out_dir, f"{device_slug(dev)}.json"))
     if not args.no_step and time.time() - t0 < args.budget_s:
         try:

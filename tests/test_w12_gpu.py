@@ -38,7 +38,10 @@ def test_fused_kernels_match_reference(n, k):
 @pytest.mark.parametrize("cfg", [KernelConfig(bm=1, bn=32, bk=512),
                                  KernelConfig(bm=4, bn=16, bk=512, split_k=2),
                                  KernelConfig(bm=16, bn=64, bk=512, dot=True),
-                                 KernelConfig(bm=16, bn=64, bk=512, dot=True, variant=3)])
+                                 KernelConfig(bm=16, bn=64, bk=512, dot=True, variant=3),
+                                 KernelConfig(bm=16, bn=64, bk=128, dot=True, variant=7),
+                                 KernelConfig(bm=16, bn=64, bk=256, split_k=2, dot=True,
+                                              variant=5)])
 def test_ptx_decode_equals_plain_decode(cfg):
     """The byte-permute (PTX) decode and the plain-op decode feed the same numbers to the
     same sums: outputs are bit-identical."""

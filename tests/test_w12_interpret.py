@@ -29,6 +29,12 @@ CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
     (16, 2048, 1, dict(bm=1, bn=8, bk=128, split_k=3)),  # steps of 16 words inside a group
     (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=3)),
     (8, 1000, 2, dict(bm=2, bn=8, bk=256, split_k=3)),  # the last split has no K step
+    # sliced tensor-core path (variant bit 2): one dot per weight index on contiguous slices
+    (40, 384, 5, dict(bm=16, bn=16, bk=128, dot=True, variant=4)),  # x W^T, 16-word slices
+    (40, 130, 9, dict(bm=16, bn=32, bk=128, split_k=2, dot=True, variant=6)),  # ragged K
+    (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=6)),  # W x^T
+    (16, 1536, 4, dict(bm=16, bn=16, bk=1024, split_k=2, dot=True, variant=6)),  # 2 groups/step
+    (24, 200, 2, dict(bm=16, bn=16, bk=256, split_k=3, dot=True, variant=4)),  # empty split
 ]
 
 
@@ -48,6 +54,7 @@ def _child() -> None:
         w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
         w[0, 3], w[n - 1, k - 1], w[n // 2, 0] = 7.5, 1e-30, -3e-33  # escapes
         w[1, : min(k, 70)] = 0.0  # zeros escape too: more than one epilogue chunk
+        w[2, 1::5] = 3e4  # large escapes across the row: many chunks, each one visible
         p = w12.pack(w)
         for seed in range(2):  # fresh inputs, poisoned outputs
             x = torch.randn(m, k, generator=g)
@@ -55,8 +62,11 @@ def _child() -> None:
             y = torch.full((m, n), float("nan"))
             w12_matmul(x, p, cfg, out=y, f32_dot=True)
             err = float((y.double() - ref).norm() / ref.norm())
+            # per output column (weight row): row 2's large escapes must not hide the others
+            col_err = float(((y.double() - ref).norm(dim=0) / ref.norm(dim=0)).max())
             out["w12"].append({"case": [n, k, m, cfg.label], "escapes": p.n_escapes,
-                               "finite": bool(torch.isfinite(y).all()), "err": err})
+                               "finite": bool(torch.isfinite(y).all()), "err": err,
+                               "col_err": col_err})
             wf = w.float()
             y2 = torch.full((m, n), float("nan"))
             bf16_matmul(x, wf, cfg, out=y2, f32_dot=True)
@@ -108,7 +118,7 @@ def test_w12_kernel_matches_reference(results):
     for r in results["w12"]:
         assert r["escapes"] >= 3
         assert r["finite"], r
-        assert r["err"] < 1e-5, r
+        assert r["err"] < 1e-5 and r["col_err"] < 1e-5, r
 
 
 def test_bf16_kernel_matches_reference(results):

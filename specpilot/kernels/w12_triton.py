@@ -1,30 +1,41 @@
-"""Triton kernels for W12 weights: fused decode + CUDA-core GEMV (batch 1-4) and fused
-decode + tl.dot (batch 2-32), and a Triton unpack.
+"""Triton kernels for W12 weights: fused decode + CUDA-core GEMV (batch 1-4), fused
+decode + tensor cores (batch 2-32), and a Triton unpack.
 
 The format (`w12.py`) stores 8 weights in 3 words (codes, A0, A1) so that the scaled
 weights w' are built with word-wide ops: per 8 weights 4 and/or pairs (fused to LOP3), one
 rotate and 8 byte permutes (PTX `prmt`, via `tl.inline_asm_elementwise`) give 8 fp32
 values; for the tensor-core path 2 and/or pairs, one rotate and 4 permutes give 4 bf16x2
 words. There is no per-weight select: the row's 2^(base - E0) multiplies the finished dot
-products, and escapes (decoded as the placeholder 2^-15) are corrected in the epilogue
-from the row-sorted side table, in the same launch. Accumulation is fp32; split-K uses the
-one-launch workspace reduction of `splitk.py`.
+products, and escapes (decoded as the placeholder 2^-15) are corrected from the row-sorted
+side table in the same launch. Accumulation is fp32; split-K uses the one-launch workspace
+reduction of `splitk.py`.
+
+Tensor-core paths. Weight i (0..7) of word g of a column group sits at column
+q * 8GW + i * GW + g, so the i-th decoded tile w_i [BN, words] of a step covers contiguous
+columns. The *sliced* path (variant bit 2) does 8 `tl.dot`s per step, one per i, each on
+w_i (elementwise from the loaded word tiles, no reshape) and the matching x slice loaded
+directly: the word tiles and x slices stream through cp.async into shared memory and the
+decoded weights go from registers straight into the MMA (mma.sync B operand in x W^T,
+wgmma A operand in W x^T); escape corrections are spread over the K steps (one chunk per
+step, table loaded a step ahead). The older *joined* path (bit 2 clear) joins the 8 tiles
+into one [BN, BK] tile and permutes x to match (a shared-memory round trip per step).
 
 `KernelConfig.variant` for W12: bit 0 = PTX byte-permute decode (else the same bit math in
-plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T). Under
-TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs are fp32 and
-`f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
+plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
+sliced tensor-core path. Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used,
+activations/outputs are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot
+run PTX.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from . import interpreting, pdl
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
 from .w12 import W12Weight
 
@@ -175,9 +186,28 @@ def _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr
                                                                           bitcast=True)
     xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + col[None, :],
                  mask=m_mask[:, None] & em[None, :], other=0.0).to(tl.float32)  # [BM, ECH]
+    return _escape_terms(xv, r, v, offs_n, ph)
+
+
+@triton.jit
+def _escape_terms(xv, r, v, offs_n, ph):
+    """[BM, BN]: x * value - x * placeholder of each escape (x values xv [BM, ECH], rows r,
+    values v [ECH]) added to its own row; escapes of other rows (r = -1: none) drop out."""
     hit = (offs_n[:, None] == r[None, :])[None, :, :]  # [1, BN, ECH]
     t = xv[:, None, :] * v[None, None, :] - xv[:, None, :] * ph[None, :, None]
     return tl.sum(tl.where(hit, t, 0.0), axis=2)
+
+
+@triton.jit
+def _escape_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH: tl.constexpr):
+    """(rows, columns, fp32 values) of escapes e0 .. min(e0 + ECH, hi); rows -1 past hi."""
+    e = e0 + tl.arange(0, ECH)
+    em = e < hi
+    r = tl.load(erow_ptr + e, mask=em, other=-1)
+    col = tl.load(ecol_ptr + e, mask=em, other=0)
+    v = (tl.load(ebits_ptr + e, mask=em, other=0).to(tl.int32) << 16).to(tl.float32,
+                                                                          bitcast=True)
+    return r, col, v
 
 
 @triton.jit
@@ -219,6 +249,79 @@ def _fma8(acc, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m, M, stride_xm, xcol, GW:
 
 
 @triton.jit
+def _xslice(xp, xm2, colb, jx, K, EVEN: tl.constexpr, F32_DOT: tl.constexpr, SWAP: tl.constexpr):
+    """One x slice ([SW, BM] when SWAP else [BM, SW]) in the dot's input type."""
+    if EVEN:
+        v = tl.load(xp, mask=xm2, other=0.0, eviction_policy="evict_last")
+    else:
+        if SWAP:
+            v = tl.load(xp, mask=xm2 & (colb + jx < K)[:, None], other=0.0,
+                        eviction_policy="evict_last")
+        else:
+            v = tl.load(xp, mask=xm2 & (colb + jx < K)[None, :], other=0.0,
+                        eviction_policy="evict_last")
+    if F32_DOT:
+        return v.to(tl.float32)
+    return v.to(tl.bfloat16)
+
+
+@triton.jit
+def _dott(acc_t, wi, xi, F32_DOT: tl.constexpr):
+    if F32_DOT:
+        return tl.dot(wi, xi, acc_t, input_precision="ieee")
+    return tl.dot(wi, xi, acc_t)
+
+
+@triton.jit
+def _dot8t(acc_t, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW: tl.constexpr,
+           EVEN: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc_t [BN, BM] += sum_i w_i [BN, SW] @ x_i [SW, BM] (x_i at column offset i * GW)."""
+    acc_t = _dott(acc_t, w0, _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, True), F32_DOT)
+    acc_t = _dott(acc_t, w1, _xslice(xp + GW, xm2, colb + GW, jx, K, EVEN, F32_DOT, True), F32_DOT)
+    acc_t = _dott(acc_t, w2, _xslice(xp + 2 * GW, xm2, colb + 2 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    acc_t = _dott(acc_t, w3, _xslice(xp + 3 * GW, xm2, colb + 3 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    acc_t = _dott(acc_t, w4, _xslice(xp + 4 * GW, xm2, colb + 4 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    acc_t = _dott(acc_t, w5, _xslice(xp + 5 * GW, xm2, colb + 5 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    acc_t = _dott(acc_t, w6, _xslice(xp + 6 * GW, xm2, colb + 6 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    acc_t = _dott(acc_t, w7, _xslice(xp + 7 * GW, xm2, colb + 7 * GW, jx, K, EVEN, F32_DOT, True),
+                  F32_DOT)
+    return acc_t
+
+
+@triton.jit
+def _dotn(acc, xi, wi, F32_DOT: tl.constexpr):
+    if F32_DOT:
+        return tl.dot(xi, tl.trans(wi), acc, input_precision="ieee")
+    return tl.dot(xi, tl.trans(wi), acc)
+
+
+@triton.jit
+def _dot8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW: tl.constexpr,
+          EVEN: tl.constexpr, F32_DOT: tl.constexpr):
+    """acc [BM, BN] += sum_i x_i [BM, SW] @ w_i^T [SW, BN]."""
+    acc = _dotn(acc, _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, False), w0, F32_DOT)
+    acc = _dotn(acc, _xslice(xp + GW, xm2, colb + GW, jx, K, EVEN, F32_DOT, False), w1, F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 2 * GW, xm2, colb + 2 * GW, jx, K, EVEN, F32_DOT, False), w2,
+                F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 3 * GW, xm2, colb + 3 * GW, jx, K, EVEN, F32_DOT, False), w3,
+                F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 4 * GW, xm2, colb + 4 * GW, jx, K, EVEN, F32_DOT, False), w4,
+                F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 5 * GW, xm2, colb + 5 * GW, jx, K, EVEN, F32_DOT, False), w5,
+                F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 6 * GW, xm2, colb + 6 * GW, jx, K, EVEN, F32_DOT, False), w6,
+                F32_DOT)
+    acc = _dotn(acc, _xslice(xp + 7 * GW, xm2, colb + 7 * GW, jx, K, EVEN, F32_DOT, False), w7,
+                F32_DOT)
+    return acc
+
+
+@triton.jit
 def _sum3(t):
     return tl.sum(tl.sum(t, axis=2), axis=1)
 
@@ -231,12 +334,14 @@ def w12_linear_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
     BM: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr, GW: tl.constexpr,
     SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN: tl.constexpr,
-    USE_ASM: tl.constexpr, SWAP: tl.constexpr, ECH: tl.constexpr,
+    USE_ASM: tl.constexpr, SWAP: tl.constexpr, ECH: tl.constexpr, SLICED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # Words are indexed per row by w = 0 .. KW - 1 (KW = Kp / 8, the code words); word w of
     # group q = w // GW describes columns q * 8GW + i * GW + w % GW, i = 0..7. A step takes
     # NG * GS words as [BN, NG, GS] tiles of codes, A0 and A1 (NG > 1 only when GS == GW),
     # so the three tiles share one register layout and the decode is thread-local.
+    # Everything before `pdl.enter` reads constant data only (row bases, escape tables).
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -271,18 +376,59 @@ def w12_linear_kernel(
     acc3 = tl.zeros((BN, NG, GS), dtype=tl.float32)
     m0 = pid_m * BM
     w_lo = pid_k * K_PER
-    if USE_DOT:
+    if SLICED:
+        # word j of a step (flat over its NG * GS words) is word jw of the step's first group
+        # slice; its weight i sits at column jx + i * GW from the step's first column
+        j = tl.arange(0, SW)
+        if NG == 1:
+            jw = j
+            jx = j
+            ja = j
+        else:
+            jw = (j // GS) * GW + j % GS
+            jx = (j // GS) * (8 * GW) + j % GS
+            ja = (j // GS) * (2 * GW) + j % GS
+        c_off2 = rows[:, None] * stride_c + jw[None, :]
+        a_off2 = rows[:, None] * stride_a + ja[None, :]
+        # the x masks broadcast along K (full-width vector loads, cp.async-able)
+        if SWAP:  # x slices loaded as [SW, BM]: the dot's B operand, no transpose
+            x_off2 = offs_m[None, :] * stride_xm + jx[:, None]
+            xm2 = (offs_m < M)[None, :]
+        else:
+            x_off2 = offs_m[:, None] * stride_xm + jx[None, :]
+            xm2 = (offs_m < M)[:, None]
+    if SLICED:
+        # escapes: chunk pid_k + t * SPLIT_K of the tile's escape list is corrected in step
+        # t of this split (its table is loaded one step ahead, its x gathered at the top of
+        # the step), so the corrections ride under the weight stream; chunks left over when
+        # a split has fewer steps than chunks are done after the loop
+        e_cur = lo + pid_k * ECH
+        er, ec, ev = _escape_table(e_cur, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+    if USE_DOT and not SLICED:
         # the decoded tile [BN, BK] holds at column (q * GS + g) * 8 + i the weight of word
         # (q, g), i: x is loaded in column order [BM, NG, 8, GS] and permuted to match
         m4 = offs_m[:, None, None, None]
         xc4 = (tl.arange(0, NG)[None, :, None, None] * (8 * GW)
                + tl.arange(0, 8)[None, None, :, None] * GW
                + tl.arange(0, GS)[None, None, None, :])
+    pdl.enter(PDL)
     for w in range(w_lo, tl.minimum(w_lo + K_PER, KW), SW):
         q0 = w // GW
         wa = w + q0 * GW  # A0 word of w: groups hold 2 * GW plane-A words
         colb = w + 7 * q0 * GW  # column of weight 0 of word w
-        if EVEN:
+        if SLICED:
+            if EVEN:
+                cw = tl.load(c_ptr + c_off2 + w, eviction_policy="evict_first")
+                a0 = tl.load(a_ptr + a_off2 + wa, eviction_policy="evict_first")
+                a1 = tl.load(a_ptr + a_off2 + wa + GW, eviction_policy="evict_first")
+            else:
+                wm2 = (w + jw < KW)[None, :]
+                cw = tl.load(c_ptr + c_off2 + w, mask=wm2, other=0, eviction_policy="evict_first")
+                a0 = tl.load(a_ptr + a_off2 + wa, mask=wm2, other=0,
+                             eviction_policy="evict_first")
+                a1 = tl.load(a_ptr + a_off2 + wa + GW, mask=wm2, other=0,
+                             eviction_policy="evict_first")
+        elif EVEN:
             cw = tl.load(c_ptr + c_off + w, eviction_policy="evict_first")
             a0 = tl.load(a_ptr + a_off + wa, eviction_policy="evict_first")
             a1 = tl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first")
@@ -293,11 +439,32 @@ def w12_linear_kernel(
                          eviction_policy="evict_first")
             a1 = tl.load(a_ptr + a_off + wa + GW, mask=wmask, other=0,
                          eviction_policy="evict_first")
-        if w == w_lo:
+        if SLICED:
+            exv = tl.load(x_ptr + offs_m[:, None] * stride_xm + ec[None, :],
+                          mask=m_mask[:, None] & (er >= 0)[None, :], other=0.0).to(tl.float32)
+            e_nxt = e_cur + SPLIT_K * ECH
+            er_n, ec_n, ev_n = _escape_table(e_nxt, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+        elif w == w_lo:
             esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
                                 ecol_ptr, ebits_ptr, ECH)
             got = 1
-        if USE_DOT:
+        if SLICED:
+            # 8 dots of K = SW, one per weight index i: w_i is elementwise from the loaded
+            # word tiles (no join, reshape or permute), x_i a plain strided slice of x
+            if F32_DOT:
+                w0, w1, w2, w3, w4, w5, w6, w7 = _decode_f32(cw, a0, a1, USE_ASM)
+            else:
+                w0, w1, w2, w3, w4, w5, w6, w7 = _decode_bf16(cw, a0, a1, USE_ASM)
+            xp = x_ptr + x_off2 + colb
+            if SWAP:
+                acc_t = _dot8t(acc_t, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K,
+                               GW, EVEN, F32_DOT)
+            else:
+                acc = _dot8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW,
+                            EVEN, F32_DOT)
+            esc += _escape_terms(exv, er, ev, offs_n, ph)
+            er, ec, ev, e_cur = er_n, ec_n, ev_n, e_nxt
+        elif USE_DOT:
             if F32_DOT:
                 w0, w1, w2, w3, w4, w5, w6, w7 = _decode_f32(cw, a0, a1, USE_ASM)
             else:
@@ -334,6 +501,7 @@ def w12_linear_kernel(
                              stride_xm, xc, GW, K, EVEN)
                 acc3 = _fma8(acc3, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m0 + 3, M,
                              stride_xm, xc, GW, K, EVEN)
+    pdl.release(PDL)
     if USE_DOT:
         if SWAP:
             acc = tl.trans(acc_t)
@@ -345,7 +513,13 @@ def w12_linear_kernel(
         if BM > 2:
             acc = tl.where(sel == 2, _sum3(acc2)[None, :], acc)
             acc = tl.where(sel == 3, _sum3(acc3)[None, :], acc)
-    if got == 0:  # a split with no K steps (uneven split-K) may still finish the tile
+    if SLICED:
+        for e0 in range(e_cur, hi, SPLIT_K * ECH):  # chunks of this split not yet done
+            esc += _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph,
+                                 erow_ptr, ecol_ptr, ebits_ptr, ECH)
+        # each split's partial is finished (row scale 2^(base - E0): a power of two, exact)
+        acc = acc * scale[None, :] + esc
+    elif got == 0:  # a split with no K steps (uneven split-K) may still finish the tile
         esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
                             ecol_ptr, ebits_ptr, ECH)
     finish = True
@@ -355,14 +529,19 @@ def w12_linear_kernel(
     if finish:
         if SPLIT_K > 1:
             acc = reduce_partials(ws_ptr, cnt_ptr, tile, BM, BN)
-        _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo, hi,
-                erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH)
+        if SLICED:
+            y_ptrs = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+            tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty),
+                     mask=m_mask[:, None] & (offs_n < N)[None, :])
+        else:
+            _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo, hi,
+                    erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH)
 
 
 def w12_candidates(b: int) -> list[KernelConfig]:
     """The W12 search grid for batch bucket b (every config is a compile: kept small).
-    GEMV (CUDA cores) for 1-4 rows, decode + tl.dot for 2-32. bk below 512 steps through
-    a slice of each 64-word column group."""
+    GEMV (CUDA cores) for 1-4 rows, the sliced tensor-core path for 2-32 (rows padded to
+    16 or 32). bk below 512 steps through a slice of each 64-word column group."""
     K = KernelConfig
     gemv = {1: [(8, 512, 1, 4), (8, 512, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4),
                 (8, 512, 1, 2), (8, 512, 4, 4), (4, 512, 1, 2), (8, 1024, 1, 4)],
@@ -371,14 +550,16 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
-    # (bn, bk, split_k, warps, stages, variant): variant 3 = W x^T on wgmma, 1 = x W^T
-    dots = {16: [(64, 128, 2, 4, 3, 3), (64, 128, 2, 4, 4, 3), (64, 128, 4, 4, 3, 3),
-                 (64, 128, 1, 4, 4, 3), (64, 256, 2, 4, 3, 3), (128, 128, 2, 8, 3, 3)],
-            32: [(64, 128, 2, 4, 3, 3), (64, 128, 4, 4, 3, 3), (64, 128, 2, 4, 4, 3),
-                 (64, 128, 2, 8, 3, 3), (128, 128, 2, 8, 3, 3)]}
+    # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
+    # W x^T (wgmma, A from registers)
+    dots = {16: [(32, 256, 2, 4, 4, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
+                 (32, 512, 2, 4, 3, 5), (64, 256, 1, 4, 4, 5), (32, 256, 4, 4, 4, 5),
+                 (64, 256, 4, 4, 4, 5), (64, 256, 2, 4, 4, 7)],
+            32: [(64, 512, 1, 4, 3, 5), (64, 256, 1, 4, 4, 5), (64, 256, 2, 4, 3, 5),
+                 (32, 256, 2, 4, 4, 5), (64, 256, 4, 4, 4, 5), (64, 512, 2, 4, 3, 7)]}
     if b >= 2:
         bm = 32 if b > 16 else 16
-        grid = dots[bm] if b >= 8 else dots[16][:2] if b == 4 else dots[16][:1]
+        grid = dots[bm] if b >= 8 else dots[16][:3]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
     return cfgs
@@ -390,16 +571,15 @@ def w12_default_config(n: int, k: int, m: int) -> KernelConfig:
         return KernelConfig(bm=1, bn=8, bk=512, split_k=2 if n <= 6144 else 1, warps=4)
     if m <= 4:
         return KernelConfig(bm=4 if m > 2 else 2, bn=16, bk=512, warps=4)
-    return KernelConfig(bm=32 if m > 16 else 16, bn=64, bk=128, split_k=2, warps=4, stages=3,
-                        dot=True, variant=3)
+    if m <= 16:
+        return KernelConfig(bm=16, bn=64, bk=256, split_k=2, warps=4, stages=3, dot=True,
+                            variant=5)
+    return KernelConfig(bm=32, bn=64, bk=512, split_k=1, warps=4, stages=3, dot=True,
+                        variant=5)
 
 
 def launch_grid(m: int, n: int, cfg: KernelConfig) -> tuple[int, int, int]:
     return (triton.cdiv(n, cfg.bn), cfg.split_k, triton.cdiv(m, cfg.bm))
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def escape_chunk(bm: int, bn: int) -> int:
@@ -436,14 +616,17 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     kw = w.kp // 8
     kper = k_per_split(kw, ng * gs, cfg.split_k)  # in words
     even = kw % (ng * gs) == 0 and kper * cfg.split_k == kw and k == w.kp
-    use_asm = bool(cfg.variant & 1) and not _interpreting()
+    use_asm = bool(cfg.variant & 1) and not interpreting()
     ech = escape_chunk(cfg.bm, cfg.bn)
+    on = pdl.active(x.device)
     w12_linear_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
         w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
         y.stride(0), kper, BM=cfg.bm, BN=cfg.bn, NG=ng, GS=gs, GW=w.gw, SPLIT_K=cfg.split_k,
         USE_DOT=cfg.dot, F32_DOT=f32_dot, EVEN=even, USE_ASM=use_asm,
-        SWAP=bool(cfg.variant & 2), ECH=ech, num_warps=cfg.warps, num_stages=cfg.stages,
+        SWAP=bool(cfg.variant & 2), ECH=ech, SLICED=cfg.dot and bool(cfg.variant & 4),
+        num_warps=cfg.warps, num_stages=cfg.stages,
+        PDL=on, **pdl.launch(on),
     )
     return y
 
