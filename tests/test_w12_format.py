@@ -56,6 +56,19 @@ def test_round_trip_shapes(shape):
     assert torch.equal(bits(w12.unpack(w12.pack(w))), bits(w))
 
 
+def test_chunked_pack_equals_one_piece(monkeypatch):
+    """Large matrices are packed a few rows at a time; the result is the same W12 form
+    (every tensor equal), escapes' rows and row pointers shifted to the whole matrix."""
+    w = from_bits(list(range(-32768, 32768)), (256, 256))[:, :250]  # escapes in every row
+    whole = w12.pack(w)
+    monkeypatch.setattr(w12, "PACK_CHUNK", 7 * 250)  # 7 rows a chunk: a ragged last one
+    parts = w12.pack(w)
+    assert (parts.n, parts.k) == (whole.n, whole.k) and whole.n_escapes > 256
+    for name, t in whole.tensors().items():
+        assert torch.equal(getattr(parts, name), t), name
+    assert torch.equal(bits(w12.unpack(parts)), bits(w))
+
+
 def test_zeros_and_subnormals_are_exact_escapes():
     vals = [0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x807F, 0x0040]
     w = from_bits(vals * 16, (16, 7))

@@ -137,10 +137,36 @@ def _bytes_of_words(words: Tensor) -> Tensor:
     return ((words[..., None] >> shifts) & 0xFF).to(torch.uint8).flatten(-2)
 
 
+PACK_CHUNK = 1 << 26  # weights packed per step: bounds the int64 temporaries (~0.5 GB each)
+
+
 def pack(w: Tensor) -> W12Weight:
-    """Store a bf16 matrix [N, K] in W12 form, on w's device; bit-exact for every value."""
+    """Store a bf16 matrix [N, K] in W12 form, on w's device; bit-exact for every value.
+    Rows are packed in chunks of about PACK_CHUNK weights (the format is row-local), so a
+    large matrix (a 32B-class LM head) needs little memory beyond its own two forms."""
     if w.dtype != torch.bfloat16 or w.dim() != 2:
         raise ValueError(f"pack expects a 2-D bfloat16 tensor, got {w.dtype} {tuple(w.shape)}")
+    step = max(1, PACK_CHUNK // max(w.shape[1], 1))
+    if w.shape[0] <= step:
+        return _pack_rows(w)
+    return _concat_rows([_pack_rows(w[i:i + step]) for i in range(0, w.shape[0], step)])
+
+
+def _concat_rows(parts: list[W12Weight]) -> W12Weight:
+    """The W12 form of the row-wise concatenation of `parts` (same K)."""
+    starts = [0]
+    for p in parts[:-1]:
+        starts.append(starts[-1] + p.n)
+    counts = torch.cat([p.esc_rowptr.diff() for p in parts]).to(torch.int64)
+    return W12Weight(
+        sum(p.n for p in parts), parts[0].k,
+        torch.cat([p.a for p in parts]), torch.cat([p.codes for p in parts]),
+        torch.cat([p.base for p in parts]), F.pad(counts.cumsum(0), (1, 0)).to(torch.int32),
+        torch.cat([p.esc_row + s for p, s in zip(parts, starts)]),
+        torch.cat([p.esc_col for p in parts]), torch.cat([p.esc_bits for p in parts]))
+
+
+def _pack_rows(w: Tensor) -> W12Weight:
     n, k = w.shape
     kp = -(-max(k, 1) // K_ALIGN) * K_ALIGN
     if kp != k:

@@ -188,10 +188,13 @@ def apply_w12(model: nn.Module, min_gain: float = 1.05, table: TunedTable | None
     if table is None:
         table = _device_table(model)
     shared = _shared_weights(model)
-    targets = [(name, mod) for name, mod in model.named_modules()
+    # names only: a bf16 layer is freed as soon as its W12 form replaces it (holding every
+    # layer until the end needs the bf16 and the W12 model at once: 114 GB at 32B-class)
+    targets = [name for name, mod in model.named_modules()
                if isinstance(mod, nn.Linear) and mod.weight.dtype == torch.bfloat16
                and id(mod.weight) not in shared and not any(s in name for s in skip)]
-    for name, lin in targets:
+    for name in targets:
+        lin = model.get_submodule(name)
         packed = fmt.pack(lin.weight.detach())
         gain = min(predicted_gain(packed, table, m) for m in rows)
         ok = gain >= min_gain
