@@ -266,35 +266,14 @@ def _xslice(xp, xm2, colb, jx, K, EVEN: tl.constexpr, F32_DOT: tl.constexpr, SWA
 
 
 @triton.jit
-def _dott(acc_t, wi, xi, F32_DOT: tl.constexpr):
-    if F32_DOT:
-        return tl.dot(wi, xi, acc_t, input_precision="ieee")
-    return tl.dot(wi, xi, acc_t)
-
-
-@triton.jit
-def _dot8t(acc_t, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW: tl.constexpr,
-           EVEN: tl.constexpr, F32_DOT: tl.constexpr):
-    """acc_t [BN, BM] += sum_i w_i [BN, SW] @ x_i [SW, BM] (x_i at column offset i * GW)."""
-    acc_t = _dott(acc_t, w0, _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, True), F32_DOT)
-    acc_t = _dott(acc_t, w1, _xslice(xp + GW, xm2, colb + GW, jx, K, EVEN, F32_DOT, True), F32_DOT)
-    acc_t = _dott(acc_t, w2, _xslice(xp + 2 * GW, xm2, colb + 2 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    acc_t = _dott(acc_t, w3, _xslice(xp + 3 * GW, xm2, colb + 3 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    acc_t = _dott(acc_t, w4, _xslice(xp + 4 * GW, xm2, colb + 4 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    acc_t = _dott(acc_t, w5, _xslice(xp + 5 * GW, xm2, colb + 5 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    acc_t = _dott(acc_t, w6, _xslice(xp + 6 * GW, xm2, colb + 6 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    acc_t = _dott(acc_t, w7, _xslice(xp + 7 * GW, xm2, colb + 7 * GW, jx, K, EVEN, F32_DOT, True),
-                  F32_DOT)
-    return acc_t
-
-
-@triton.jit
-def _dotn(acc, xi, wi, F32_DOT: tl.constexpr):
+def _dot1(acc, wi, xp, xm2, colb, jx, K, EVEN: tl.constexpr, F32_DOT: tl.constexpr,
+          SWAP: tl.constexpr):
+    """acc += w_i @ x_i ([BN, BM], SWAP) or x_i @ w_i^T ([BM, BN]) for the x slice at xp."""
+    xi = _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+    if SWAP:
+        if F32_DOT:
+            return tl.dot(wi, xi, acc, input_precision="ieee")
+        return tl.dot(wi, xi, acc)
     if F32_DOT:
         return tl.dot(xi, tl.trans(wi), acc, input_precision="ieee")
     return tl.dot(xi, tl.trans(wi), acc)
@@ -302,22 +281,17 @@ def _dotn(acc, xi, wi, F32_DOT: tl.constexpr):
 
 @triton.jit
 def _dot8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW: tl.constexpr,
-          EVEN: tl.constexpr, F32_DOT: tl.constexpr):
-    """acc [BM, BN] += sum_i x_i [BM, SW] @ w_i^T [SW, BN]."""
-    acc = _dotn(acc, _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, False), w0, F32_DOT)
-    acc = _dotn(acc, _xslice(xp + GW, xm2, colb + GW, jx, K, EVEN, F32_DOT, False), w1, F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 2 * GW, xm2, colb + 2 * GW, jx, K, EVEN, F32_DOT, False), w2,
-                F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 3 * GW, xm2, colb + 3 * GW, jx, K, EVEN, F32_DOT, False), w3,
-                F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 4 * GW, xm2, colb + 4 * GW, jx, K, EVEN, F32_DOT, False), w4,
-                F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 5 * GW, xm2, colb + 5 * GW, jx, K, EVEN, F32_DOT, False), w5,
-                F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 6 * GW, xm2, colb + 6 * GW, jx, K, EVEN, F32_DOT, False), w6,
-                F32_DOT)
-    acc = _dotn(acc, _xslice(xp + 7 * GW, xm2, colb + 7 * GW, jx, K, EVEN, F32_DOT, False), w7,
-                F32_DOT)
+          EVEN: tl.constexpr, F32_DOT: tl.constexpr, SWAP: tl.constexpr):
+    """acc += sum_i of w_i's dot with its x slice x_i (at column offset i * GW), in the
+    orientation SWAP picks (see `_dot1`)."""
+    acc = _dot1(acc, w0, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w1, xp + GW, xm2, colb + GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w2, xp + 2 * GW, xm2, colb + 2 * GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w3, xp + 3 * GW, xm2, colb + 3 * GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w4, xp + 4 * GW, xm2, colb + 4 * GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w5, xp + 5 * GW, xm2, colb + 5 * GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w6, xp + 6 * GW, xm2, colb + 6 * GW, jx, K, EVEN, F32_DOT, SWAP)
+    acc = _dot1(acc, w7, xp + 7 * GW, xm2, colb + 7 * GW, jx, K, EVEN, F32_DOT, SWAP)
     return acc
 
 
@@ -457,11 +431,11 @@ def w12_linear_kernel(
                 w0, w1, w2, w3, w4, w5, w6, w7 = _decode_bf16(cw, a0, a1, USE_ASM)
             xp = x_ptr + x_off2 + colb
             if SWAP:
-                acc_t = _dot8t(acc_t, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K,
-                               GW, EVEN, F32_DOT)
+                acc_t = _dot8(acc_t, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K,
+                              GW, EVEN, F32_DOT, True)
             else:
                 acc = _dot8(acc, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW,
-                            EVEN, F32_DOT)
+                            EVEN, F32_DOT, False)
             esc += _escape_terms(exv, er, ev, offs_n, ph)
             er, ec, ev, e_cur = er_n, ec_n, ev_n, e_nxt
         elif USE_DOT:
