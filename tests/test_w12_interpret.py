@@ -35,6 +35,10 @@ CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
     (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=6)),  # W x^T
     (16, 1536, 4, dict(bm=16, bn=16, bk=1024, split_k=2, dot=True, variant=6)),  # 2 groups/step
     (24, 200, 2, dict(bm=16, bn=16, bk=256, split_k=3, dot=True, variant=4)),  # empty split
+    # several row tiles (the last one partial) with split-K
+    (24, 200, 5, dict(bm=1, bn=8, bk=128, split_k=2)),
+    (24, 200, 6, dict(bm=4, bn=8, bk=128, split_k=3)),
+    (40, 640, 37, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=4)),
 ]
 
 

@@ -82,7 +82,7 @@ def bf16_linear_kernel(
     finish = True
     if SPLIT_K > 1:
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish = store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, offs_m, offs_n, BM, BN)
+        finish = store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, BM, BN)
     if finish:
         if SPLIT_K > 1:
             acc = reduce_partials(ws_ptr, cnt_ptr, tile, BM, BN)
@@ -104,16 +104,24 @@ def bf16_matmul(x: torch.Tensor, w: torch.Tensor, cfg: KernelConfig,
     grid = launch_grid(m, n, cfg)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * cfg.bm * cfg.bn,
                         grid[0] * grid[2])
-    kper = k_per_split(k, cfg.bk, cfg.split_k)
-    even = k % cfg.bk == 0 and kper * cfg.split_k == k
     on = pdl.active(x.device)
+    kper, consts = kernel_constants(k, cfg, f32_dot, on)
     bf16_linear_kernel[grid](
         x, w, y, ws, cnt, m, n, k, w.stride(0), x.stride(0), y.stride(0), kper,
-        BM=cfg.bm, BN=cfg.bn, BK=cfg.bk, SPLIT_K=cfg.split_k, USE_DOT=cfg.dot,
-        F32_DOT=f32_dot, EVEN_K=even, VARIANT=cfg.variant, num_warps=cfg.warps,
-        num_stages=cfg.stages, PDL=on, **pdl.launch(on),
+        num_warps=cfg.warps, num_stages=cfg.stages, **consts, **pdl.launch(on),
     )
     return y
+
+
+def kernel_constants(k: int, cfg: KernelConfig, f32_dot: bool = False,
+                     use_pdl: bool = False) -> tuple[int, dict]:
+    """(columns per split, the kernel's constexprs) of a call with K columns (shared by
+    `bf16_matmul` and the sm90 compile test)."""
+    kper = k_per_split(k, cfg.bk, cfg.split_k)
+    even = k % cfg.bk == 0 and kper * cfg.split_k == k
+    return kper, {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "SPLIT_K": cfg.split_k,
+                  "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN_K": even,
+                  "VARIANT": cfg.variant, "PDL": use_pdl}
 
 
 # -- the engine's linear backend: the Triton kernel where the tuned table says it wins -------

@@ -35,7 +35,7 @@ def workspace(device: torch.device, n_partial: int,
 
 
 @triton.jit
-def store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, offs_m, offs_n, BM: tl.constexpr,
+def store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, BM: tl.constexpr,
                             BN: tl.constexpr):
     """Store this split's partial tile; return True in the program that must finish the tile."""
     loc = tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]

@@ -261,22 +261,30 @@ def _xslice(xp, xm2, colb, jx, K, EVEN: tl.constexpr, F32_DOT: tl.constexpr, SWA
             v = tl.load(xp, mask=xm2 & (colb + jx < K)[None, :], other=0.0,
                         eviction_policy="evict_last")
     if F32_DOT:
-        return v.to(tl.float32)
-    return v.to(tl.bfloat16)
+        v = v.to(tl.float32)
+    else:
+        v = v.to(tl.bfloat16)
+    return v
 
 
 @triton.jit
 def _dot1(acc, wi, xp, xm2, colb, jx, K, EVEN: tl.constexpr, F32_DOT: tl.constexpr,
           SWAP: tl.constexpr):
     """acc += w_i @ x_i ([BN, BM], SWAP) or x_i @ w_i^T ([BM, BN]) for the x slice at xp."""
+    # one return at the end: the compiler (unlike the interpreter) also builds the code
+    # after an early `return` under a constexpr `if`
     xi = _xslice(xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
     if SWAP:
         if F32_DOT:
-            return tl.dot(wi, xi, acc, input_precision="ieee")
-        return tl.dot(wi, xi, acc)
-    if F32_DOT:
-        return tl.dot(xi, tl.trans(wi), acc, input_precision="ieee")
-    return tl.dot(xi, tl.trans(wi), acc)
+            acc = tl.dot(wi, xi, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(wi, xi, acc)
+    else:
+        if F32_DOT:
+            acc = tl.dot(xi, tl.trans(wi), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xi, tl.trans(wi), acc)
+    return acc
 
 
 @triton.jit
@@ -499,7 +507,7 @@ def w12_linear_kernel(
     finish = True
     if SPLIT_K > 1:
         tile = pid_m * tl.num_programs(0) + pid_n
-        finish = store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, offs_m, offs_n, BM, BN)
+        finish = store_partial_and_count(acc, ws_ptr, cnt_ptr, tile, pid_k, BM, BN)
     if finish:
         if SPLIT_K > 1:
             acc = reduce_partials(ws_ptr, cnt_ptr, tile, BM, BN)
@@ -561,13 +569,29 @@ def escape_chunk(bm: int, bn: int) -> int:
     return max(4, min(32, triton.next_power_of_2(max(1, 1024 // (bm * bn)))))
 
 
-def step_words(w: W12Weight, bk: int) -> tuple[int, int]:
+def step_words(gw: int, bk: int) -> tuple[int, int]:
     """(groups, words per group) of one K step for a requested bk: whole groups when bk
     covers one (8 * gw columns), else a power-of-two slice of a group (at least 16 words)."""
-    gw = w.gw
     if bk >= 8 * gw:
         return bk // (8 * gw), gw
     return 1, max(16, min(gw, triton.next_power_of_2(bk // 8)))
+
+
+def kernel_constants(k: int, kp: int, gw: int, cfg: KernelConfig, f32_dot: bool = False,
+                     use_pdl: bool = False) -> tuple[int, dict]:
+    """(words per split, the fused kernel's constexprs) of a call on a W12 weight of K
+    columns (kp padded, groups of gw words): what `w12_matmul` launches, and what the
+    sm90 compile test builds on a machine without a GPU."""
+    ng, gs = step_words(gw, cfg.bk)
+    kw = kp // 8
+    kper = k_per_split(kw, ng * gs, cfg.split_k)  # in words
+    even = kw % (ng * gs) == 0 and kper * cfg.split_k == kw and k == kp
+    return kper, {
+        "BM": cfg.bm, "BN": cfg.bn, "NG": ng, "GS": gs, "GW": gw, "SPLIT_K": cfg.split_k,
+        "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN": even,
+        "USE_ASM": bool(cfg.variant & 1) and not interpreting(), "SWAP": bool(cfg.variant & 2),
+        "ECH": escape_chunk(cfg.bm, cfg.bn), "SLICED": cfg.dot and bool(cfg.variant & 4),
+        "PDL": use_pdl}
 
 
 def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tensor | None = None,
@@ -586,21 +610,14 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     grid = launch_grid(m, w.n, cfg)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * cfg.bm * cfg.bn,
                         grid[0] * grid[2])
-    ng, gs = step_words(w, cfg.bk)
-    kw = w.kp // 8
-    kper = k_per_split(kw, ng * gs, cfg.split_k)  # in words
-    even = kw % (ng * gs) == 0 and kper * cfg.split_k == kw and k == w.kp
-    use_asm = bool(cfg.variant & 1) and not interpreting()
-    ech = escape_chunk(cfg.bm, cfg.bn)
     on = pdl.active(x.device)
+    kper, consts = kernel_constants(k, w.kp, w.gw, cfg, f32_dot, on)
+    kw = w.kp // 8
     w12_linear_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
         w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
-        y.stride(0), kper, BM=cfg.bm, BN=cfg.bn, NG=ng, GS=gs, GW=w.gw, SPLIT_K=cfg.split_k,
-        USE_DOT=cfg.dot, F32_DOT=f32_dot, EVEN=even, USE_ASM=use_asm,
-        SWAP=bool(cfg.variant & 2), ECH=ech, SLICED=cfg.dot and bool(cfg.variant & 4),
-        num_warps=cfg.warps, num_stages=cfg.stages,
-        PDL=on, **pdl.launch(on),
+        y.stride(0), kper, num_warps=cfg.warps, num_stages=cfg.stages, **consts,
+        **pdl.launch(on),
     )
     return y
 

@@ -1,0 +1,90 @@
+"""The linear kernels compile for Hopper (sm_90) on a machine without a GPU.
+
+The interpreter, the CPU tests' other check of the Triton kernels, runs them as Python: a
+kernel can pass there and still not compile (code after an early `return` under a
+constexpr `if` runs in Python but is built, and type-checked, by the compiler). Here every
+config of the engine's tuning grids is compiled to a cubin for sm_90 with Triton's own
+compiler and ptxas, with the constexprs the launchers pass (PDL on, as on an H200), on
+an aligned and a ragged K (bf16: the ragged one, whose masked loads hold the aligned path's).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import triton
+from triton.backends.compiler import GPUTarget
+
+from specpilot.kernels import gemv_bf16, w12_triton
+from specpilot.kernels.tuning import BUCKETS, candidate_configs
+from specpilot.kernels.w12 import group_words
+
+POINTERS = {  # argument -> element type; every other non-constexpr argument is an i32
+    "x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "a_ptr": "*i32", "c_ptr": "*i32",
+    "base_ptr": "*u8", "rowptr_ptr": "*i32", "erow_ptr": "*i32", "ecol_ptr": "*i32",
+    "ebits_ptr": "*i16", "ws_ptr": "*fp32", "cnt_ptr": "*i32",
+}
+TARGET = GPUTarget("cuda", 90, 32)
+
+
+def _compile(kernel, consts: dict, warps: int, stages: int):
+    names = inspect.signature(kernel.fn).parameters
+    sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in names}
+    src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts)
+    return triton.compile(src, target=TARGET, options={"num_warps": warps,
+                                                       "num_stages": stages})
+
+
+def _unique(builds):
+    """One build per kernel code: the split count (beyond 1 or not) and the pipeline depth
+    change no code the frontend builds (CI time: each build is a cold compile of about a
+    second)."""
+    seen, out = set(), []
+    for kernel, consts, warps, stages, label in builds:
+        code = {**consts, "SPLIT_K": consts["SPLIT_K"] > 1}
+        key = (kernel.fn.__name__, tuple(sorted(code.items())), warps)
+        if key not in seen:
+            seen.add(key)
+            out.append((kernel, consts, warps, stages, label))
+    return out
+
+
+def _w12_builds():
+    for k in (4096, 4000):  # aligned; ragged (padded to 4096: not EVEN)
+        kp = -(-k // 128) * 128
+        for b in BUCKETS:
+            for cfg in w12_triton.w12_candidates(b):
+                _, consts = w12_triton.kernel_constants(k, kp, group_words(kp), cfg,
+                                                        use_pdl=True)
+                yield (w12_triton.w12_linear_kernel, consts, cfg.warps, cfg.stages,
+                       f"w12 K={k} b{b} {cfg.label}")
+
+
+def _bf16_builds():
+    for k in (4000,):
+        for b in BUCKETS:
+            for cfg in candidate_configs(b):
+                _, consts = gemv_bf16.kernel_constants(k, cfg, use_pdl=True)
+                yield (gemv_bf16.bf16_linear_kernel, consts, cfg.warps, cfg.stages,
+                       f"bf16 K={k} b{b} {cfg.label}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("builds", [_w12_builds, _bf16_builds], ids=["w12", "bf16"])
+def test_every_tuning_config_compiles_for_sm90(builds):
+    failed = []
+    todo = _unique(builds())
+    assert len(todo) > 20  # the grids are real, not empty
+    for kernel, consts, warps, stages, label in todo:
+        try:
+            k = _compile(kernel, consts, warps, stages)
+        except Exception as e:  # noqa: BLE001 (collect every failure with its config)
+            while e.__cause__ is not None:  # the compiler's own reason, under its wrappers
+                e = e.__cause__
+            failed.append(f"{label}: {type(e).__name__}: {str(e).strip()[-200:]}")
+            continue
+        assert k.asm["cubin"], label
+        if consts.get("PDL"):
+            assert "griddepcontrol.wait" in k.asm["ptx"], label
+    assert not failed, "\n".join(failed)
