@@ -123,19 +123,23 @@ def check_asm_matches_plain() -> bool:
 
 
 def explore_candidates(b: int) -> list[KernelConfig]:
-    """A wider W12 grid for the tensor-core path (batch >= 2) than `w12_candidates`: both
-    orientations of the sliced path, and the join/reshape path once for reference."""
+    """A wider W12 grid for the tensor-core path (batch >= 2) than `w12_candidates`: the
+    sliced path in both orientations over tile widths 16-128, K steps 256-1024, 2-8 warps."""
     if b < 2:
         return w12_candidates(b)
     K = KernelConfig
     bm = 32 if b > 16 else 16
     gemv = [c for c in w12_candidates(b) if not c.dot][:1]
-    grid = [  # (bn, bk, split_k, warps, stages, variant)
-        (64, 256, 2, 4, 3, 5), (64, 256, 2, 4, 4, 5), (64, 256, 2, 4, 5, 5),
-        (64, 256, 1, 4, 4, 5), (64, 256, 4, 4, 4, 5), (64, 512, 1, 4, 3, 5),
-        (64, 512, 2, 4, 3, 5), (32, 256, 2, 4, 4, 5), (32, 512, 2, 4, 3, 5),
-        (32, 512, 4, 4, 4, 5), (128, 256, 2, 8, 3, 5), (64, 256, 2, 8, 4, 5),
-        (64, 256, 2, 4, 4, 7), (64, 512, 2, 4, 3, 7), (64, 128, 2, 4, 3, 3)]
+    grid = [  # (bn, bk, split_k, warps, stages, variant): 5 = x W^T, 7 = W x^T (wgmma)
+        (16, 512, 1, 4, 3, 5), (16, 512, 2, 4, 3, 5), (16, 512, 1, 2, 3, 5),
+        (32, 512, 1, 4, 3, 5), (32, 512, 1, 8, 3, 5), (32, 512, 2, 4, 3, 5),
+        (32, 512, 1, 4, 2, 5), (32, 512, 1, 2, 3, 5), (64, 512, 1, 4, 3, 5),
+        (64, 512, 1, 8, 3, 5), (64, 512, 2, 8, 3, 5), (64, 512, 1, 4, 2, 5),
+        (128, 512, 2, 8, 2, 5), (128, 512, 4, 8, 2, 5), (128, 256, 4, 8, 3, 5),
+        (128, 256, 2, 8, 3, 5), (32, 1024, 1, 4, 2, 5), (32, 1024, 1, 8, 2, 5),
+        (64, 1024, 2, 8, 2, 5), (32, 256, 1, 4, 3, 5), (64, 256, 1, 8, 3, 5),
+        (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 7), (64, 512, 2, 4, 3, 7),
+        (128, 512, 2, 8, 3, 7), (128, 256, 2, 8, 3, 7)]
     return gemv + [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                    for bn, bk, s, w, p, v in grid]
 

@@ -396,8 +396,10 @@ def w12_linear_kernel(
     pdl.enter(PDL)
     for w in range(w_lo, tl.minimum(w_lo + K_PER, KW), SW):
         q0 = w // GW
-        wa = w + q0 * GW  # A0 word of w: groups hold 2 * GW plane-A words
-        colb = w + 7 * q0 * GW  # column of weight 0 of word w
+        # steps start at multiples of SW >= 16 words and GW >= 16: tell the compiler, so the
+        # word and x loads are 16-byte vectors
+        wa = tl.multiple_of(w + q0 * GW, 16)  # A0 word of w: groups hold 2 * GW A words
+        colb = tl.multiple_of(w + 7 * q0 * GW, 16)  # column of weight 0 of word w
         if SLICED:
             if EVEN:
                 cw = tl.load(c_ptr + c_off2 + w, eviction_policy="evict_first")
@@ -534,11 +536,11 @@ def w12_candidates(b: int) -> list[KernelConfig]:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
-    dots = {16: [(32, 256, 2, 4, 4, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
+    dots = {16: [(32, 512, 1, 4, 2, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
                  (32, 512, 2, 4, 3, 5), (64, 256, 1, 4, 4, 5), (32, 256, 4, 4, 4, 5),
                  (64, 256, 4, 4, 4, 5), (64, 256, 2, 4, 4, 7)],
             32: [(64, 512, 1, 4, 3, 5), (64, 256, 1, 4, 4, 5), (64, 256, 2, 4, 3, 5),
-                 (32, 256, 2, 4, 4, 5), (64, 256, 4, 4, 4, 5), (64, 512, 2, 4, 3, 7)]}
+                 (64, 512, 1, 4, 2, 5), (64, 256, 4, 4, 4, 5), (64, 512, 2, 4, 3, 7)]}
     if b >= 2:
         bm = 32 if b > 16 else 16
         grid = dots[bm] if b >= 8 else dots[16][:3]

@@ -1,0 +1,172 @@
+"""Where the W12 tensor-core path's time goes, on one GPU: the sliced kernel as shipped, and
+the same kernel with one part replaced by a trivial stand-in.
+
+    PYTHONPATH=. python3 benchmarks/w12_probe.py [--shapes qkv_32B,down_8B] [--batch 16]
+        [--probes shipped,no-decode,one-x,both]
+
+Probes (each in a fresh process: Triton builds a kernel's helpers once per process):
+  shipped    the kernel as the engine runs it
+  no-decode  the 8 decoded tiles replaced by one bitcast of (codes ^ A0 ^ A1): same loads,
+             no byte permutes, no repacking into MMA operands
+  one-x      every dot of a step takes the first x slice: 1 x load per step instead of 8
+  both       no-decode and one-x
+The stand-ins give wrong products on purpose: only time is measured here (the kernel as
+shipped is checked by w12_bench.py and the GPU tests). Timing as in w12_bench.py: CUDA
+graphs over weight copies rotated past the L2, medians; the Triton bf16 kernel of the
+shipped table and cuBLAS are timed in the same process as the shipped probe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+
+import triton
+import triton.language as tl
+
+from specpilot.kernels import w12_triton as wt
+
+PROBES = ("shipped", "no-decode", "one-x", "both")
+CONFIGS = ("dot5_m16n32k512s1w4p3", "dot5_m16n64k256s2w4p3", "dot7_m32n64k512s2w4p3")
+
+
+def _parse(label: str) -> wt.KernelConfig:
+    kind, rest = label.split("_m")
+    m, rest = rest.split("n")
+    n, rest = rest.split("k")
+    k, rest = rest.split("s")
+    s, rest = rest.split("w")
+    w, p = rest.split("p")
+    return wt.KernelConfig(bm=int(m), bn=int(n), bk=int(k), split_k=int(s), warps=int(w),
+                        stages=int(p), dot=kind.startswith("dot"),
+                        variant=int(kind.lstrip("dotgemv")))
+
+
+def _patch(probe: str) -> None:
+    if probe in ("no-decode", "both"):
+        @triton.jit
+        def raw(c, a0, a1, USE_ASM: tl.constexpr):
+            v = (c ^ a0 ^ a1).to(tl.int16).to(tl.bfloat16, bitcast=True)
+            return v, v, v, v, v, v, v, v
+
+        wt._decode_bf16 = raw
+    if probe in ("one-x", "both"):
+        @triton.jit
+        def one_x(acc, w0, w1, w2, w3, w4, w5, w6, w7, xp, xm2, colb, jx, K, GW: tl.constexpr,
+                  EVEN: tl.constexpr, F32_DOT: tl.constexpr, SWAP: tl.constexpr):
+            acc = wt._dot1(acc, w0, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w1, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w2, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w3, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w4, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w5, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w6, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            acc = wt._dot1(acc, w7, xp, xm2, colb, jx, K, EVEN, F32_DOT, SWAP)
+            return acc
+
+        wt._dot8 = one_x
+
+
+def child(probe: str, shape: str, batch: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, "benchmarks")
+    from w12_bench import ROTATE_BYTES, SHAPES, llm_like
+
+    _patch(probe)
+    from specpilot.kernels import w12 as fmt
+    from specpilot.kernels.gemv_bf16 import bf16_matmul
+    from specpilot.kernels.tuning import graph_timer, load_table
+
+    n, k = SHAPES[shape]
+    w = llm_like(n, k, seed=1)
+    p = fmt.pack(w)
+    rot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
+    ws = [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
+          for _ in range(rot)]
+    x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
+    y = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
+    it = {"i": 0}
+
+    def nxt(seq):
+        it["i"] = (it["i"] + 1) % len(seq)
+        return seq[it["i"]]
+
+    out = {"probe": probe, "shape": shape, "batch": batch, "w12_bytes": p.nbytes}
+    for label in CONFIGS:
+        cfg = _parse(label)
+        if (cfg.bm == 32) != (batch > 16):
+            continue
+        t = graph_timer(lambda c=cfg: wt.w12_matmul(x, nxt(ws), c, out=y), rot)
+        out[label] = statistics.median(t)
+    out["ptx"] = ptx_widths()
+    if probe == "shipped":
+        wb = [w] + [w.clone() for _ in range(rot - 1)]
+        out["cublas"] = statistics.median(graph_timer(lambda: F.linear(x, nxt(wb)), rot))
+        hit = load_table(torch.cuda.get_device_name()).lookup("bf16", n, k, batch)
+        if hit is not None:
+            out["triton_bf16"] = statistics.median(
+                graph_timer(lambda: bf16_matmul(x, nxt(wb), hit, out=y), rot))
+    return out
+
+
+def ptx_widths() -> list[dict]:
+    """Per compiled W12 kernel of this process: its block sizes, shared memory, and how many
+    async copies and global loads of each width its PTX issues (16-byte vectors wanted)."""
+    import re
+    from collections import Counter
+
+    rows = []
+    for caches in wt.w12_linear_kernel.device_caches.values():
+        for kern in list(caches[0].values()):
+            ptx = kern.asm["ptx"]
+            consts = {wt.w12_linear_kernel.arg_names[k[0]]: v for k, v in
+                      kern.src.constants.items() if isinstance(k, tuple) and len(k) == 1}
+            rows.append({
+                "bn": consts.get("BN"), "gs": consts.get("GS"), "swap": consts.get("SWAP"),
+                "shared": kern.metadata.shared, "regs": getattr(kern, "n_regs", None),
+                "cp_async_bytes": dict(Counter(re.findall(
+                    r"cp\.async\.c[ag]\.shared\.global[^,]*, \[[^\]]*\], (0x\w+)", ptx))),
+                "ld_global": dict(Counter(re.findall(r"ld\.global[\w:.]*", ptx)))})
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="qkv_32B,down_8B")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--probes", default=",".join(PROBES))
+    ap.add_argument("--child", nargs=2, metavar=("PROBE", "SHAPE"))
+    a = ap.parse_args()
+    if a.child:
+        print("RESULT " + json.dumps(child(a.child[0], a.child[1], a.batch)), flush=True)
+        return
+    rows = []
+    for shape in a.shapes.split(","):
+        for probe in a.probes.split(","):
+            proc = subprocess.run([sys.executable, __file__, "--batch", str(a.batch), "--child",
+                                   probe, shape], capture_output=True, text=True, check=False)
+            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+            if not line:
+                print(f"{shape} {probe}: failed\n{proc.stderr[-2000:]}", flush=True)
+                continue
+            rows.append(json.loads(line[0][7:]))
+            print(json.dumps(rows[-1]), flush=True)
+    print(f"\n{'shape':10} {'batch':>5} {'probe':10} " + " ".join(f"{c:>24}" for c in CONFIGS))
+    for r in rows:
+        cells = []
+        for c in CONFIGS:
+            us = r.get(c)
+            cells.append(f"{us:8.1f} us {r['w12_bytes'] / us / 1e6:5.2f} TB/s" if us else
+                         f"{'-':>24}")
+        extra = "".join(f"  {kk} {r[kk]:.1f} us" for kk in ("cublas", "triton_bf16") if kk in r)
+        print(f"{r['shape']:10} {r['batch']:5} {r['probe']:10} " + " ".join(cells) + extra)
+
+
+if __name__ == "__main__":
+    main()
