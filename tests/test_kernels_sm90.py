@@ -2,10 +2,11 @@
 
 The interpreter, the CPU tests' other check of the Triton kernels, runs them as Python: a
 kernel can pass there and still not compile (code after an early `return` under a
-constexpr `if` runs in Python but is built, and type-checked, by the compiler). Here every
-config of the engine's tuning grids is compiled to a cubin for sm_90 with Triton's own
+constexpr `if` runs in Python but is built, and type-checked, by the compiler). Here the
+configs of the engine's tuning grids are compiled to cubins for sm_90 with Triton's own
 compiler and ptxas, with the constexprs the launchers pass (PDL on, as on an H200), on
-an aligned and a ragged K (bf16: the ragged one, whose masked loads hold the aligned path's).
+an aligned and a ragged K (bf16: the ragged one, whose masked loads hold the aligned path's);
+configs that differ only in split count or pipeline depth share one build (`_unique`).
 """
 
 from __future__ import annotations
