@@ -144,46 +144,51 @@ def explore_candidates(b: int) -> list[KernelConfig]:
                    for bn, bk, s, w, p, v in grid]
 
 
+def compiled_w12_kernels():
+    """(constexprs by name, compiled kernel) of every fused W12 kernel built in this process."""
+    from specpilot.kernels.w12_triton import w12_linear_kernel as fn
+
+    for caches in fn.device_caches.values():
+        for kern in list(caches[0].values()):
+            yield ({fn.arg_names[k[0]]: v for k, v in kern.src.constants.items()
+                    if isinstance(k, tuple) and len(k) == 1}, kern)
+
+
 def asm_report(out_dir: str, keep: int = 2) -> list[dict]:
     """What the compiled W12 kernels' TTGIR/PTX hold; the TTGIR of the first `keep` sliced
     tensor-core kernels is written beside it."""
     import re
 
-    from specpilot.kernels.w12_triton import w12_linear_kernel as fn
-
     rows, kept = [], 0
-    for caches in fn.device_caches.values():
-        for kern in list(caches[0].values()):
-            try:
-                consts = {fn.arg_names[k[0]]: v for k, v in kern.src.constants.items()
-                          if isinstance(k, tuple) and len(k) == 1}
-                consts = {k: v for k, v in consts.items() if isinstance(v, (bool, int))}
-                ttgir, ptx = kern.asm["ttgir"], kern.asm["ptx"]
-                loop = ttgir[ttgir.find("scf.for"):]
-                row = {"consts": consts, "warps": kern.metadata.num_warps,
-                       "stages": kern.metadata.num_stages,
-                       "regs": getattr(kern, "n_regs", None),
-                       "spills": getattr(kern, "n_spills", None),
-                       "shared": kern.metadata.shared,
-                       "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
-                       "ttgir_reg_to_shared_in_loop": len(re.findall(r"local_alloc %", loop))
-                       + loop.count("local_store"),
-                       "ttgir_wgmma": ttgir.count("warp_group_dot "),
-                       "ttgir_tt_dot": ttgir.count("tt.dot "),
-                       "ptx_wgmma": ptx.count("wgmma.mma_async"),
-                       "ptx_mma_sync": ptx.count("mma.sync"),
-                       "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
-                       "ptx_st_shared": len(re.findall(r"st\.shared", ptx)),
-                       "ptx_ldmatrix": ptx.count("ldmatrix")}
-                rows.append(row)
-                if consts.get("SLICED") and consts.get("USE_DOT") and kept < keep:
-                    tag = f"{'swap' if consts.get('SWAP') else 'xw'}_m{consts.get('BM')}" \
-                          f"n{consts.get('BN')}g{consts.get('GS')}"
-                    with open(os.path.join(out_dir, f"w12_{tag}.ttgir"), "w") as f:
-                        f.write(ttgir)
-                    kept += 1
-            except (AttributeError, KeyError, TypeError, IndexError) as e:  # report the rest
-                rows.append({"error": f"{type(e).__name__}: {e}"[:200]})
+    for consts, kern in compiled_w12_kernels():
+        try:
+            consts = {k: v for k, v in consts.items() if isinstance(v, (bool, int))}
+            ttgir, ptx = kern.asm["ttgir"], kern.asm["ptx"]
+            loop = ttgir[ttgir.find("scf.for"):]
+            row = {"consts": consts, "warps": kern.metadata.num_warps,
+                   "stages": kern.metadata.num_stages,
+                   "regs": getattr(kern, "n_regs", None),
+                   "spills": getattr(kern, "n_spills", None),
+                   "shared": kern.metadata.shared,
+                   "ttgir_async_copies": ttgir.count("async_copy_global_to_local"),
+                   "ttgir_reg_to_shared_in_loop": len(re.findall(r"local_alloc %", loop))
+                   + loop.count("local_store"),
+                   "ttgir_wgmma": ttgir.count("warp_group_dot "),
+                   "ttgir_tt_dot": ttgir.count("tt.dot "),
+                   "ptx_wgmma": ptx.count("wgmma.mma_async"),
+                   "ptx_mma_sync": ptx.count("mma.sync"),
+                   "ptx_cp_async": len(re.findall(r"cp\.async\.c[ag]", ptx)),
+                   "ptx_st_shared": len(re.findall(r"st\.shared", ptx)),
+                   "ptx_ldmatrix": ptx.count("ldmatrix")}
+            rows.append(row)
+            if consts.get("SLICED") and consts.get("USE_DOT") and kept < keep:
+                tag = f"{'swap' if consts.get('SWAP') else 'xw'}_m{consts.get('BM')}" \
+                      f"n{consts.get('BN')}g{consts.get('GS')}"
+                with open(os.path.join(out_dir, f"w12_{tag}.ttgir"), "w") as f:
+                    f.write(ttgir)
+                kept += 1
+        except (AttributeError, KeyError, TypeError, IndexError) as e:  # report the rest
+            rows.append({"error": f"{type(e).__name__}: {e}"[:200]})
     with open(os.path.join(out_dir, "w12_asm.json"), "w") as f:
         json.dump(rows, f, indent=1)
     return rows

@@ -31,19 +31,10 @@ import triton.language as tl
 from specpilot.kernels import w12_triton as wt
 
 PROBES = ("shipped", "no-decode", "one-x", "both")
-CONFIGS = ("dot5_m16n32k512s1w4p3", "dot5_m16n64k256s2w4p3", "dot7_m32n64k512s2w4p3")
-
-
-def _parse(label: str) -> wt.KernelConfig:
-    kind, rest = label.split("_m")
-    m, rest = rest.split("n")
-    n, rest = rest.split("k")
-    k, rest = rest.split("s")
-    s, rest = rest.split("w")
-    w, p = rest.split("p")
-    return wt.KernelConfig(bm=int(m), bn=int(n), bk=int(k), split_k=int(s), warps=int(w),
-                        stages=int(p), dot=kind.startswith("dot"),
-                        variant=int(kind.lstrip("dotgemv")))
+K = wt.KernelConfig
+CONFIGS = (K(bm=16, bn=32, bk=512, split_k=1, warps=4, stages=3, dot=True, variant=5),
+           K(bm=16, bn=64, bk=256, split_k=2, warps=4, stages=3, dot=True, variant=5),
+           K(bm=32, bn=64, bk=512, split_k=2, warps=4, stages=3, dot=True, variant=7))
 
 
 def _patch(probe: str) -> None:
@@ -98,12 +89,11 @@ def child(probe: str, shape: str, batch: int) -> dict:
         return seq[it["i"]]
 
     out = {"probe": probe, "shape": shape, "batch": batch, "w12_bytes": p.nbytes}
-    for label in CONFIGS:
-        cfg = _parse(label)
+    for cfg in CONFIGS:
         if (cfg.bm == 32) != (batch > 16):
             continue
         t = graph_timer(lambda c=cfg: wt.w12_matmul(x, nxt(ws), c, out=y), rot)
-        out[label] = statistics.median(t)
+        out[cfg.label] = statistics.median(t)
     out["ptx"] = ptx_widths()
     if probe == "shipped":
         wb = [w] + [w.clone() for _ in range(rot - 1)]
@@ -121,18 +111,17 @@ def ptx_widths() -> list[dict]:
     import re
     from collections import Counter
 
+    from w12_bench import compiled_w12_kernels
+
     rows = []
-    for caches in wt.w12_linear_kernel.device_caches.values():
-        for kern in list(caches[0].values()):
-            ptx = kern.asm["ptx"]
-            consts = {wt.w12_linear_kernel.arg_names[k[0]]: v for k, v in
-                      kern.src.constants.items() if isinstance(k, tuple) and len(k) == 1}
-            rows.append({
-                "bn": consts.get("BN"), "gs": consts.get("GS"), "swap": consts.get("SWAP"),
-                "shared": kern.metadata.shared, "regs": getattr(kern, "n_regs", None),
-                "cp_async_bytes": dict(Counter(re.findall(
-                    r"cp\.async\.c[ag]\.shared\.global[^,]*, \[[^\]]*\], (0x\w+)", ptx))),
-                "ld_global": dict(Counter(re.findall(r"ld\.global[\w:.]*", ptx)))})
+    for consts, kern in compiled_w12_kernels():
+        ptx = kern.asm["ptx"]
+        rows.append({
+            "bn": consts.get("BN"), "gs": consts.get("GS"), "swap": consts.get("SWAP"),
+            "shared": kern.metadata.shared, "regs": getattr(kern, "n_regs", None),
+            "cp_async_bytes": dict(Counter(re.findall(
+                r"cp\.async\.c[ag]\.shared\.global[^,]*, \[[^\]]*\], (0x\w+)", ptx))),
+            "ld_global": dict(Counter(re.findall(r"ld\.global[\w:.]*", ptx)))})
     return rows
 
 
@@ -157,10 +146,11 @@ def main() -> None:
                 continue
             rows.append(json.loads(line[0][7:]))
             print(json.dumps(rows[-1]), flush=True)
-    print(f"\n{'shape':10} {'batch':>5} {'probe':10} " + " ".join(f"{c:>24}" for c in CONFIGS))
+    labels = [c.label for c in CONFIGS]
+    print(f"\n{'shape':10} {'batch':>5} {'probe':10} " + " ".join(f"{c:>24}" for c in labels))
     for r in rows:
         cells = []
-        for c in CONFIGS:
+        for c in labels:
             us = r.get(c)
             cells.append(f"{us:8.1f} us {r['w12_bytes'] / us / 1e6:5.2f} TB/s" if us else
                          f"{'-':>24}")
