@@ -528,8 +528,10 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     16 or 32). bk below 512 steps through a slice of each 64-word column group."""
     K = KernelConfig
     gemv = {1: [(8, 512, 1, 4), (8, 512, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4),
-                (8, 512, 1, 2), (8, 512, 4, 4), (4, 512, 1, 2), (8, 1024, 1, 4)],
-            2: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4), (8, 512, 2, 4)],
+                (8, 512, 1, 2), (8, 512, 4, 4), (4, 512, 1, 2), (8, 1024, 1, 4),
+                (8, 1024, 1, 8)],
+            2: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4), (8, 512, 2, 4),
+                (32, 512, 1, 4)],
             4: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4)]}.get(b, [])
     cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
     if b == 1:
@@ -543,7 +545,7 @@ def w12_candidates(b: int) -> list[KernelConfig]:
                  (64, 512, 1, 4, 2, 5), (64, 256, 4, 4, 4, 5), (64, 512, 2, 4, 3, 7)]}
     if b >= 2:
         bm = 32 if b > 16 else 16
-        grid = dots[bm] if b >= 8 else dots[16][:3]
+        grid = dots[bm] if b >= 8 else dots[16][:4]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
     return cfgs
