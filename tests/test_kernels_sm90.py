@@ -16,8 +16,9 @@ import inspect
 import pytest
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
-from specpilot.kernels import gemv_bf16, w12_triton
+from specpilot.kernels import gemv_bf16, w12_gluon, w12_triton
 from specpilot.kernels.tuning import BUCKETS, candidate_configs
 from specpilot.kernels.w12 import group_words
 
@@ -32,7 +33,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 def _compile(kernel, consts: dict, warps: int, stages: int):
     names = inspect.signature(kernel.fn).parameters
     sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i32") for a in names}
-    src = triton.compiler.ASTSource(fn=kernel, signature=sig, constexprs=consts)
+    source = GluonASTSource if isinstance(kernel, GluonJITFunction) else triton.compiler.ASTSource
+    src = source(fn=kernel, signature=sig, constexprs=consts)
     return triton.compile(src, target=TARGET, options={"num_warps": warps,
                                                        "num_stages": stages})
 
@@ -56,6 +58,13 @@ def _w12_builds():
         kp = -(-k // 128) * 128
         for b in BUCKETS:
             for cfg in w12_triton.w12_candidates(b):
+                if cfg.variant & w12_triton.GLUON:
+                    _, consts = w12_gluon.gluon_constants(k, kp, group_words(kp), cfg.bn,
+                                                          cfg.bk, cfg.split_k, cfg.warps,
+                                                          cfg.stages)
+                    yield (w12_gluon.w12_gluon_kernel, consts, cfg.warps, 1,
+                           f"w12 gluon K={k} b{b} {cfg.label}")
+                    continue
                 _, consts = w12_triton.kernel_constants(k, kp, group_words(kp), cfg,
                                                         use_pdl=True)
                 yield (w12_triton.w12_linear_kernel, consts, cfg.warps, cfg.stages,

@@ -8,7 +8,7 @@ import torch
 
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import candidate_configs
-from specpilot.kernels.w12_triton import KernelConfig, w12_candidates
+from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_candidates
 
 pytestmark = pytest.mark.gpu
 
@@ -30,6 +30,12 @@ def test_fused_kernels_match_reference(n, k):
             x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
             ref = x.float() @ w.float().T
             y = torch.full((b, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            if fn is w12_matmul and cfg.variant & GLUON and p.gw < 32:
+                # the Gluon kernel steps 32-word column groups: a clear refusal, which the
+                # tuner records as a failed config for this shape
+                with pytest.raises(ValueError, match="Gluon W12 kernel steps"):
+                    fn(x, arg, cfg, out=y)
+                continue
             fn(x, arg, cfg, out=y)
             err = ((y.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (fn.__name__, b, cfg.label, err)

@@ -22,9 +22,10 @@ into one [BN, BK] tile and permutes x to match (a shared-memory round trip per s
 
 `KernelConfig.variant` for W12: bit 0 = PTX byte-permute decode (else the same bit math in
 plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
-sliced tensor-core path. Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used,
-activations/outputs are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot
-run PTX.
+sliced tensor-core path, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
+straight from global memory into MMA registers; bm 16, `stages` = steps prefetched, CUDA
+only). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
+are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ import triton.language as tl
 from . import interpreting, pdl
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
 from .w12 import W12Weight
+
+GLUON = 64  # `KernelConfig.variant` bit of the W12 Gluon kernel
 
 
 @dataclass(frozen=True)
@@ -525,7 +528,8 @@ def w12_linear_kernel(
 def w12_candidates(b: int) -> list[KernelConfig]:
     """The W12 search grid for batch bucket b (every config is a compile: kept small).
     GEMV (CUDA cores) for 1-4 rows, the sliced tensor-core path for 2-32 (rows padded to
-    16 or 32). bk below 512 steps through a slice of each 64-word column group."""
+    16 or 32) and the Gluon kernel for 2-16. bk below 512 steps through a slice of each
+    64-word column group."""
     K = KernelConfig
     gemv = {1: [(8, 512, 1, 4), (8, 512, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4),
                 (8, 512, 1, 2), (8, 512, 4, 4), (4, 512, 1, 2), (8, 1024, 1, 4),
@@ -546,6 +550,10 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if b >= 2:
         bm = 32 if b > 16 else 16
         grid = dots[bm] if b >= 8 else dots[16][:4]
+        if bm == 16:  # the Gluon kernel: stages = steps prefetched into registers
+            grid = grid + [(64, 256, 4, 2, 1, GLUON), (64, 256, 4, 4, 1, GLUON),
+                           (32, 256, 1, 1, 1, GLUON), (32, 256, 1, 2, 2, GLUON),
+                           (16, 256, 1, 1, 2, GLUON)]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
     return cfgs
@@ -604,6 +612,12 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     m, k = x.shape
     if k != w.k:
         raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
+    if cfg.dot and cfg.variant & GLUON:
+        if cfg.bm != 16 or interpreting():
+            raise ValueError(f"the Gluon W12 path takes bm 16 on a CUDA device ({cfg.label})")
+        from .w12_gluon import w12_gluon_matmul
+
+        return w12_gluon_matmul(x, w, cfg.bn, cfg.bk, cfg.split_k, cfg.warps, cfg.stages, out)
     if cfg.bk % 128:
         raise ValueError(f"W12 kernels step K by multiples of 128, got bk={cfg.bk}")
     if not cfg.dot and cfg.bm not in (1, 2, 4):

@@ -1,0 +1,240 @@
+"""W12 tensor-core linear written in Gluon (Triton's explicit-layout language), batch 2-16.
+
+Why a second kernel: in the Triton kernel (`w12_triton.py`) the compiler picks the register
+layouts, and the word tiles reach the MMA only through shared memory (cp.async staging, or a
+layout conversion of the decoded tile) that also holds x slices every warp re-reads. Here the
+layouts are explicit: each thread loads its words from global memory straight into the
+registers of the MMA's B operand (mma.sync m16n8k16, `DotOperandLayout(1)` with k_width 8:
+eight consecutive words per thread, 16-byte loads), decodes them there with the same
+byte-permute decode, and issues the MMA; weights never touch shared memory. The next one or
+two steps' words are loaded before this step's math (`DEPTH`, a register ring), so HBM
+latency hides under the decode and MMAs. x slices are loaded from global memory (L1/L2 hits)
+into the A operand layout, also 16 bytes per load. Escapes and the row scale are applied per
+split as in the sliced Triton path; split-K partials are reduced by the last program of a
+tile (`splitk.py`'s protocol). The tuner picks, per shape and batch, between this kernel and
+the Triton ones (`KernelConfig.variant` bit `GLUON`). Steps are 32-64 words of one column
+group (a 16-word step leaves the k_width-8 operand layout half empty and measured wrong).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import mma_v2
+
+from .splitk import k_per_split, workspace
+from .w12 import W12Weight
+
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in 3.7+
+
+
+@gluon.jit
+def _decode(c, a0, a1):
+    """The 8 bf16 weights w'_0..7 of words (codes c, a0, a1) (as in `w12_triton`)."""
+    b0, b1, b2, b3, b4, b5, b6, b7 = gl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 r, h, g, p0, p1, p2, p3;
+        lop3.b32 h, $8, $11, $12, 0xEA;
+        shf.r.wrap.b32 r, $8, $8, 4;
+        lop3.b32 g, r, $11, $12, 0xEA;
+        prmt.b32 p0, $9, h, 0x5140;
+        prmt.b32 p1, $9, h, 0x7362;
+        prmt.b32 p2, $10, g, 0x5140;
+        prmt.b32 p3, $10, g, 0x7362;
+        mov.b32 {$0, $1}, p0;
+        mov.b32 {$2, $3}, p1;
+        mov.b32 {$4, $5}, p2;
+        mov.b32 {$6, $7}, p3;
+        }
+        """,
+        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
+        args=[c, a0, a1, gl.full(c.shape, -2021161081, gl.int32, c.type.layout),
+              gl.full(c.shape, 0x38383838, gl.int32, c.type.layout)],
+        dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    return (b0.to(gl.bfloat16, bitcast=True), b1.to(gl.bfloat16, bitcast=True),
+            b2.to(gl.bfloat16, bitcast=True), b3.to(gl.bfloat16, bitcast=True),
+            b4.to(gl.bfloat16, bitcast=True), b5.to(gl.bfloat16, bitcast=True),
+            b6.to(gl.bfloat16, bitcast=True), b7.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _words(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr, j2, KW, live, EVEN: gl.constexpr):
+    """Word tiles [SW, BN] (codes, A0, A1) of the step at word w, in the B operand layout."""
+    wa = w + (w // GW) * GW
+    if EVEN:  # a scalar mask keeps the vector loads
+        cw = gl.load(c_ptr + c_off + w, mask=live, other=0, eviction_policy="evict_first")
+        a0 = gl.load(a_ptr + a_off + wa, mask=live, other=0, eviction_policy="evict_first")
+        a1 = gl.load(a_ptr + a_off + wa + GW, mask=live, other=0,
+                     eviction_policy="evict_first")
+    else:
+        m = (w + j2 < KW) & live
+        cw = gl.load(c_ptr + c_off + w, mask=m, other=0, eviction_policy="evict_first")
+        a0 = gl.load(a_ptr + a_off + wa, mask=m, other=0, eviction_policy="evict_first")
+        a1 = gl.load(a_ptr + a_off + wa + GW, mask=m, other=0, eviction_policy="evict_first")
+    return cw, a0, a1
+
+
+@gluon.jit
+def _xi(x_ptr, x_off, xm, col, jx2, K, EVEN: gl.constexpr):
+    """x slice [BM, SW] at column col, in the A operand layout."""
+    if EVEN:
+        return gl.load(x_ptr + x_off + col, mask=xm, other=0.0, eviction_policy="evict_last")
+    else:
+        return gl.load(x_ptr + x_off + col, mask=xm & (col + jx2 < K), other=0.0,
+                       eviction_policy="evict_last")
+
+
+@gluon.jit
+def w12_gluon_kernel(
+    x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+    cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
+    BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr, SPLIT_K: gl.constexpr,
+    EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
+):
+    BM: gl.constexpr = 16
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS],
+                                                  instr_shape=[16, 8])
+    # k_width 8: each thread holds 8 consecutive K positions of both operands (a K order
+    # the MMA sums in, the same for x and w), so x and the words load as 16-byte vectors
+    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+    op_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+    pid_n = gl.program_id(0)
+    pid_k = gl.program_id(1)
+    pid_m = gl.program_id(2)
+    n0 = pid_n * BN
+    # B operand tiles [SW, BN]: element (j, n) is word w + j of weight row n0 + n
+    jb = gl.arange(0, SW, layout=gl.SliceLayout(1, op_b))
+    nb = gl.arange(0, BN, layout=gl.SliceLayout(0, op_b))
+    rows_b = (n0 + nb) % N  # rows past N read valid memory; their results are never stored
+    j2 = gl.expand_dims(jb, 1)
+    c_off = gl.expand_dims(rows_b, 0) * stride_c + j2
+    a_off = gl.expand_dims(rows_b, 0) * stride_a + j2
+    # A operand slices [BM, SW]: x row m, column (slice start) + j
+    ma = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, op_a))
+    ja = gl.arange(0, SW, layout=gl.SliceLayout(0, op_a))
+    jx2 = gl.expand_dims(ja, 0)
+    x_off = gl.expand_dims(ma, 1) * stride_xm + jx2
+    xm = gl.expand_dims(ma < M, 1)  # [BM, 1]: constant along K, vector loads stay
+
+    acc = gl.zeros([BM, BN], gl.float32, mma)
+    w_lo = pid_k * K_PER
+    w_end = gl.minimum(w_lo + K_PER, KW)
+    cw_n, a0_n, a1_n = _words(c_ptr, a_ptr, c_off, a_off, w_lo, GW, j2, KW, w_lo < w_end, EVEN)
+    if DEPTH > 1:
+        cw_m, a0_m, a1_m = _words(c_ptr, a_ptr, c_off, a_off, w_lo + SW, GW, j2, KW,
+                                  w_lo + SW < w_end, EVEN)
+    for w in range(w_lo, w_end, SW):
+        cw, a0, a1 = cw_n, a0_n, a1_n
+        if DEPTH > 1:
+            cw_n, a0_n, a1_n = cw_m, a0_m, a1_m
+            cw_m, a0_m, a1_m = _words(c_ptr, a_ptr, c_off, a_off, w + 2 * SW, GW, j2, KW,
+                                      w + 2 * SW < w_end, EVEN)
+        else:
+            cw_n, a0_n, a1_n = _words(c_ptr, a_ptr, c_off, a_off, w + SW, GW, j2, KW,
+                                      w + SW < w_end, EVEN)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
+        colb = w + 7 * (w // GW) * GW  # column of weight 0 of word w
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb, jx2, K, EVEN), w0, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + GW, jx2, K, EVEN), w1, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 2 * GW, jx2, K, EVEN), w2, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 3 * GW, jx2, K, EVEN), w3, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 4 * GW, jx2, K, EVEN), w4, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 5 * GW, jx2, K, EVEN), w5, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 6 * GW, jx2, K, EVEN), w6, acc)
+        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 7 * GW, jx2, K, EVEN), w7, acc)
+
+    # epilogue in a blocked layout: row scale 2^(base - E0) and this split's escape chunks
+    # (chunk c of the tile's escape list is done by split c % SPLIT_K)
+    l3: gl.constexpr = gl.BlockedLayout([1, 1, ECH], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
+    l2: gl.constexpr = gl.SliceLayout(2, l3)
+    lx: gl.constexpr = gl.SliceLayout(1, l3)
+    le: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, l3))
+    out = gl.convert_layout(acc, l2)
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, l2))
+    offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, l2))
+    base = gl.load(base_ptr + offs_n % N).to(gl.int32)
+    scale = ((base + (127 - 0x70)) << 23).to(gl.float32, bitcast=True)
+    ph = (base << 23).to(gl.float32, bitcast=True)
+    out = out * gl.expand_dims(scale, 0)
+    lo = gl.load(rowptr_ptr + n0)
+    hi = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
+    mx = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, lx))
+    n3 = gl.expand_dims(gl.expand_dims(offs_n, 0), 2)  # [1, BN, 1]
+    ph3 = gl.expand_dims(gl.expand_dims(ph, 0), 2)
+    for e0 in range(lo + pid_k * ECH, hi, SPLIT_K * ECH):
+        e = e0 + gl.arange(0, ECH, layout=le)
+        em = e < hi
+        r = gl.load(erow_ptr + e, mask=em, other=-1)
+        col = gl.load(ecol_ptr + e, mask=em, other=0)
+        v = (gl.load(ebits_ptr + e, mask=em, other=0).to(gl.int32) << 16).to(gl.float32,
+                                                                            bitcast=True)
+        xv = gl.load(x_ptr + gl.expand_dims(mx, 1) * stride_xm + gl.expand_dims(col, 0),
+                     mask=gl.expand_dims(mx < M, 1) & gl.expand_dims(em, 0),
+                     other=0.0).to(gl.float32)  # [BM, ECH]
+        x3 = gl.expand_dims(xv, 1)  # [BM, 1, ECH]
+        t = x3 * gl.expand_dims(gl.expand_dims(v, 0), 1) - x3 * ph3
+        hit = n3 == gl.expand_dims(gl.expand_dims(r, 0), 1)
+        out += gl.sum(gl.where(hit, t, 0.0), axis=2)
+
+    loc = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, l2)), 1) * BN + \
+        gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, l2)), 0)
+    finish = True
+    if SPLIT_K > 1:
+        tile = pid_m * gl.num_programs(0) + pid_n
+        gl.store(ws_ptr + (tile * SPLIT_K + pid_k) * BM * BN + loc, out)
+        _barrier()
+        done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        finish = done == SPLIT_K - 1
+    if finish:
+        if SPLIT_K > 1:
+            out = gl.zeros([BM, BN], gl.float32, l2)
+            for s in range(SPLIT_K):
+                out += gl.load(ws_ptr + (tile * SPLIT_K + s) * BM * BN + loc,
+                               cache_modifier=".cg")
+            gl.atomic_xchg(cnt_ptr + tile, 0)
+        y_ptrs = y_ptr + gl.expand_dims(offs_m, 1) * stride_ym + gl.expand_dims(offs_n, 0)
+        gl.store(y_ptrs, out.to(y_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(offs_m < M, 1) & gl.expand_dims(offs_n < N, 0))
+
+
+def gluon_constants(k: int, kp: int, gw: int, bn: int, bk: int, split_k: int, warps: int,
+                    depth: int) -> tuple[int, dict]:
+    """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
+    (kp padded, column groups of gw words) with a K step of bk columns."""
+    sw = bk // 8
+    if sw < 32 or sw > gw or sw & (sw - 1):
+        raise ValueError(f"the Gluon W12 kernel steps 32..{gw} words (a power of two) of one "
+                         f"column group, got bk={bk}")
+    if depth not in (1, 2):
+        raise ValueError(f"the Gluon W12 kernel prefetches 1 or 2 steps, got {depth}")
+    kw = kp // 8
+    kper = k_per_split(kw, sw, split_k)
+    even = kw % sw == 0 and kper * split_k == kw and k == kp
+    return kper, {"BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even, "ECH": 8,
+                  "WARPS": warps, "DEPTH": depth}
+
+
+def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, bn: int, bk: int, split_k: int, warps: int,
+                     depth: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T on a CUDA device (bf16 x; rows in tiles of 16). Launched
+    without PDL: the kernel reads x from its first instruction."""
+    m, k = x.shape
+    if x.device.type != "cuda":
+        raise ValueError("the Gluon W12 kernel runs on CUDA devices only")
+    if k != w.k:
+        raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
+    kper, consts = gluon_constants(k, w.kp, w.gw, bn, bk, split_k, warps, depth)
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    y = out if out is not None else torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(w.n, bn), split_k, triton.cdiv(m, 16))
+    ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * 16 * bn, grid[0] * grid[2])
+    kw = w.kp // 8
+    w12_gluon_kernel[grid](
+        x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        y.stride(0), kper, num_warps=warps, **consts)
+    return y
