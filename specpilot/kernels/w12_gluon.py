@@ -26,33 +26,18 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from .splitk import k_per_split, workspace
 from .w12 import W12Weight
+from .w12_triton import DECODE_BF16_ASM, DECODE_BF16_CONSTRAINTS, H_CONST4, H_MASK4
 
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in 3.7+
 
 
 @gluon.jit
 def _decode(c, a0, a1):
-    """The 8 bf16 weights w'_0..7 of words (codes c, a0, a1) (as in `w12_triton`)."""
+    """The 8 bf16 weights w'_0..7 of words (codes c, a0, a1), the Triton kernel's decode."""
     b0, b1, b2, b3, b4, b5, b6, b7 = gl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 r, h, g, p0, p1, p2, p3;
-        lop3.b32 h, $8, $11, $12, 0xEA;
-        shf.r.wrap.b32 r, $8, $8, 4;
-        lop3.b32 g, r, $11, $12, 0xEA;
-        prmt.b32 p0, $9, h, 0x5140;
-        prmt.b32 p1, $9, h, 0x7362;
-        prmt.b32 p2, $10, g, 0x5140;
-        prmt.b32 p3, $10, g, 0x7362;
-        mov.b32 {$0, $1}, p0;
-        mov.b32 {$2, $3}, p1;
-        mov.b32 {$4, $5}, p2;
-        mov.b32 {$6, $7}, p3;
-        }
-        """,
-        constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
-        args=[c, a0, a1, gl.full(c.shape, -2021161081, gl.int32, c.type.layout),
-              gl.full(c.shape, 0x38383838, gl.int32, c.type.layout)],
+        asm=DECODE_BF16_ASM, constraints=DECODE_BF16_CONSTRAINTS,
+        args=[c, a0, a1, gl.full(c.shape, H_MASK4, gl.int32, c.type.layout),
+              gl.full(c.shape, H_CONST4, gl.int32, c.type.layout)],
         dtype=(gl.int16,) * 8, is_pure=True, pack=1)
     return (b0.to(gl.bfloat16, bitcast=True), b1.to(gl.bfloat16, bitcast=True),
             b2.to(gl.bfloat16, bitcast=True), b3.to(gl.bfloat16, bitcast=True),

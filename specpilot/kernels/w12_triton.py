@@ -130,30 +130,37 @@ def _bf16_plain(x, a, j: tl.constexpr):
     return (((h | 0x38) << 8) | lo).to(tl.int16).to(tl.bfloat16, bitcast=True)
 
 
+# The bf16 decode of words (codes $8, A0 $9, A1 $10; masks $11 = 0x87878787, $12 =
+# 0x38383838) into w'_0..7 ($0..$7, int16 bits): shared with the Gluon kernel
+DECODE_BF16_ASM = tl.constexpr("""
+    {
+    .reg .b32 r, h, g, p0, p1, p2, p3;
+    lop3.b32 h, $8, $11, $12, 0xEA;
+    shf.r.wrap.b32 r, $8, $8, 4;
+    lop3.b32 g, r, $11, $12, 0xEA;
+    prmt.b32 p0, $9, h, 0x5140;
+    prmt.b32 p1, $9, h, 0x7362;
+    prmt.b32 p2, $10, g, 0x5140;
+    prmt.b32 p3, $10, g, 0x7362;
+    mov.b32 {$0, $1}, p0;
+    mov.b32 {$2, $3}, p1;
+    mov.b32 {$4, $5}, p2;
+    mov.b32 {$6, $7}, p3;
+    }
+    """)
+DECODE_BF16_CONSTRAINTS = tl.constexpr("=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r")
+H_MASK4 = tl.constexpr(-2021161081)  # 0x87878787 as an int32
+H_CONST4 = tl.constexpr(0x38383838)
+
+
 @triton.jit
 def _decode_bf16(c, a0, a1, USE_ASM: tl.constexpr):
     """The 8 bf16 weights w'_0..7 of words (c, a0, a1)."""
     if USE_ASM:
         b0, b1, b2, b3, b4, b5, b6, b7 = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 r, h, g, p0, p1, p2, p3;
-            lop3.b32 h, $8, $11, $12, 0xEA;
-            shf.r.wrap.b32 r, $8, $8, 4;
-            lop3.b32 g, r, $11, $12, 0xEA;
-            prmt.b32 p0, $9, h, 0x5140;
-            prmt.b32 p1, $9, h, 0x7362;
-            prmt.b32 p2, $10, g, 0x5140;
-            prmt.b32 p3, $10, g, 0x7362;
-            mov.b32 {$0, $1}, p0;
-            mov.b32 {$2, $3}, p1;
-            mov.b32 {$4, $5}, p2;
-            mov.b32 {$6, $7}, p3;
-            }
-            """,
-            constraints="=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r",
-            args=[c, a0, a1, tl.full(c.shape, -2021161081, tl.int32),
-                  tl.full(c.shape, 0x38383838, tl.int32)], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+            asm=DECODE_BF16_ASM, constraints=DECODE_BF16_CONSTRAINTS,
+            args=[c, a0, a1, tl.full(c.shape, H_MASK4, tl.int32),
+                  tl.full(c.shape, H_CONST4, tl.int32)], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
         return (b0.to(tl.bfloat16, bitcast=True), b1.to(tl.bfloat16, bitcast=True),
                 b2.to(tl.bfloat16, bitcast=True), b3.to(tl.bfloat16, bitcast=True),
                 b4.to(tl.bfloat16, bitcast=True), b5.to(tl.bfloat16, bitcast=True),
