@@ -124,37 +124,34 @@ def check_asm_matches_plain() -> bool:
 
 
 def explore_candidates(b: int) -> list[KernelConfig]:
-    """A wider W12 grid than `w12_candidates`: for batch 1-4 the GEMV over 2-64 rows per
-    program, K steps 512-2048, 2-8 warps, 3-4 stages, 1-2 splits; for batch >= 2 the sliced
-    tensor-core path in both orientations over tile widths 16-128, K steps 256-1024, 2-8
-    warps."""
+    """The engine's grid (`w12_candidates`) widened: for batch 1-4 the GEMV over 2-64 rows
+    per program, K steps 512-2048, 2-8 warps, 3-4 stages, 1-2 splits; for batch >= 2 the
+    sliced tensor-core path in both orientations over tile widths 16-128, K steps 256-1024,
+    2-8 warps."""
     K = KernelConfig
-    gemv = [c for c in w12_candidates(b) if not c.dot]
+    cfgs = w12_candidates(b)
     if b <= 4:
         for bn, bk in ((2, 2048), (4, 512), (4, 1024), (4, 2048), (8, 1024), (8, 2048),
                        (16, 512), (16, 1024), (32, 512), (32, 1024), (64, 512)):
             for s, w, p in itertools.product((1, 2), (2, 4, 8), (3, 4)):
-                if (w == 8 and bk * bn < 8192) or (w < 8 and bk * bn >= 32768) or (
-                        w == 2 and bk * bn > 8192):
-                    continue
-                c = K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, stages=p)
-                if c not in gemv:
-                    gemv.append(c)
-    if b < 2:
-        return gemv
-    bm = 32 if b > 16 else 16
-    grid = [  # (bn, bk, split_k, warps, stages, variant): 5 = x W^T, 7 = W x^T (wgmma)
-        (16, 512, 1, 4, 3, 5), (16, 512, 2, 4, 3, 5), (16, 512, 1, 2, 3, 5),
-        (32, 512, 1, 4, 3, 5), (32, 512, 1, 8, 3, 5), (32, 512, 2, 4, 3, 5),
-        (32, 512, 1, 4, 2, 5), (32, 512, 1, 2, 3, 5), (64, 512, 1, 4, 3, 5),
-        (64, 512, 1, 8, 3, 5), (64, 512, 2, 8, 3, 5), (64, 512, 1, 4, 2, 5),
-        (128, 512, 2, 8, 2, 5), (128, 512, 4, 8, 2, 5), (128, 256, 4, 8, 3, 5),
-        (128, 256, 2, 8, 3, 5), (32, 1024, 1, 4, 2, 5), (32, 1024, 1, 8, 2, 5),
-        (64, 1024, 2, 8, 2, 5), (32, 256, 1, 4, 3, 5), (64, 256, 1, 8, 3, 5),
-        (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 7), (64, 512, 2, 4, 3, 7),
-        (128, 512, 2, 8, 2, 7), (128, 256, 2, 8, 3, 7)]
-    return gemv + [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
-                   for bn, bk, s, w, p, v in grid]
+                if not ((w == 8 and bk * bn < 8192) or (w < 8 and bk * bn >= 32768) or (
+                        w == 2 and bk * bn > 8192)):
+                    cfgs.append(K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, stages=p))
+    if b >= 2:
+        bm = 32 if b > 16 else 16
+        grid = [  # (bn, bk, split_k, warps, stages, variant): 5 = x W^T, 7 = W x^T (wgmma)
+            (16, 512, 1, 4, 3, 5), (16, 512, 2, 4, 3, 5), (16, 512, 1, 2, 3, 5),
+            (32, 512, 1, 4, 3, 5), (32, 512, 1, 8, 3, 5), (32, 512, 2, 4, 3, 5),
+            (32, 512, 1, 4, 2, 5), (32, 512, 1, 2, 3, 5), (64, 512, 1, 4, 3, 5),
+            (64, 512, 1, 8, 3, 5), (64, 512, 2, 8, 3, 5), (64, 512, 1, 4, 2, 5),
+            (128, 512, 2, 8, 2, 5), (128, 512, 4, 8, 2, 5), (128, 256, 4, 8, 3, 5),
+            (128, 256, 2, 8, 3, 5), (32, 1024, 1, 4, 2, 5), (32, 1024, 1, 8, 2, 5),
+            (64, 1024, 2, 8, 2, 5), (32, 256, 1, 4, 3, 5), (64, 256, 1, 8, 3, 5),
+            (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 7), (64, 512, 2, 4, 3, 7),
+            (128, 512, 2, 8, 2, 7), (128, 256, 2, 8, 3, 7)]
+        cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
+                 for bn, bk, s, w, p, v in grid]
+    return list(dict.fromkeys(cfgs))  # the engine's grid first, each config once
 
 
 def compiled_w12_kernels():
