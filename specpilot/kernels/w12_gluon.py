@@ -46,16 +46,17 @@ def _decode(c, a0, a1):
 
 
 @gluon.jit
-def _words(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr, j2, KW, live, EVEN: gl.constexpr):
-    """Word tiles [SW, BN] (codes, A0, A1) of the step at word w, in the B operand layout."""
+def _words(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr, j2, KW, EVEN: gl.constexpr):
+    """Word tiles [BN, SW] (codes, A0, A1) of the step at word w, in the A operand layout.
+    w is always a valid step start (the caller clamps prefetches past the split's end), so
+    aligned shapes load unmasked: no zero-fill instructions, full 16-byte vectors."""
     wa = w + (w // GW) * GW
-    if EVEN:  # a scalar mask keeps the vector loads
-        cw = gl.load(c_ptr + c_off + w, mask=live, other=0, eviction_policy="evict_first")
-        a0 = gl.load(a_ptr + a_off + wa, mask=live, other=0, eviction_policy="evict_first")
-        a1 = gl.load(a_ptr + a_off + wa + GW, mask=live, other=0,
-                     eviction_policy="evict_first")
+    if EVEN:
+        cw = gl.load(c_ptr + c_off + w, eviction_policy="evict_first")
+        a0 = gl.load(a_ptr + a_off + wa, eviction_policy="evict_first")
+        a1 = gl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first")
     else:
-        m = (w + j2 < KW) & live
+        m = w + j2 < KW
         cw = gl.load(c_ptr + c_off + w, mask=m, other=0, eviction_policy="evict_first")
         a0 = gl.load(a_ptr + a_off + wa, mask=m, other=0, eviction_policy="evict_first")
         a1 = gl.load(a_ptr + a_off + wa + GW, mask=m, other=0, eviction_policy="evict_first")
@@ -63,73 +64,99 @@ def _words(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr, j2, KW, live, EVEN: 
 
 
 @gluon.jit
-def _xi(x_ptr, x_off, xm, col, jx2, K, EVEN: gl.constexpr):
-    """x slice [BM, SW] at column col, in the A operand layout."""
+def _xi(x_ptr, x_off, col, jx2, K, EVEN: gl.constexpr):
+    """x^T slice [SW, BM] at column col, in the B operand layout (rows of x past M are
+    clamped to row M - 1 by the caller: computed, never stored)."""
     if EVEN:
-        return gl.load(x_ptr + x_off + col, mask=xm, other=0.0, eviction_policy="evict_last")
+        return gl.load(x_ptr + x_off + col, eviction_policy="evict_last")
     else:
-        return gl.load(x_ptr + x_off + col, mask=xm & (col + jx2 < K), other=0.0,
+        return gl.load(x_ptr + x_off + col, mask=col + jx2 < K, other=0.0,
                        eviction_policy="evict_last")
+
+
+@gluon.jit
+def _step(acc, cw, a0, a1, x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.constexpr):
+    """acc [BN, BM] += decode(words of step w) @ x^T[the 8 SW-column slices of step w]."""
+    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
+    colb = w + 7 * (w // GW) * GW  # column of weight 0 of word w
+    acc = mma_v2(w0, _xi(x_ptr, x_off, colb, jx2, K, EVEN), acc)
+    acc = mma_v2(w1, _xi(x_ptr, x_off, colb + GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w2, _xi(x_ptr, x_off, colb + 2 * GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w3, _xi(x_ptr, x_off, colb + 3 * GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w4, _xi(x_ptr, x_off, colb + 4 * GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w5, _xi(x_ptr, x_off, colb + 5 * GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w6, _xi(x_ptr, x_off, colb + 6 * GW, jx2, K, EVEN), acc)
+    acc = mma_v2(w7, _xi(x_ptr, x_off, colb + 7 * GW, jx2, K, EVEN), acc)
+    return acc
 
 
 @gluon.jit
 def w12_gluon_kernel(
     x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
-    BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr, SPLIT_K: gl.constexpr,
-    EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
+    BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
+    SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
+    DEPTH: gl.constexpr,
 ):
-    BM: gl.constexpr = 16
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, WARPS],
+    # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
+    # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
+    # rows per MMA: batch 2-8 pads to 8, not 16). k_width 8: each thread holds 8 consecutive
+    # K positions of both operands (a K order the MMA sums in, the same for x and w), so
+    # words and x load as 16-byte vectors; decoded weights are written by the decode's
+    # byte permutes straight into the A registers, x's B registers are its load's registers.
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[WARPS, 1],
                                                   instr_shape=[16, 8])
-    # k_width 8: each thread holds 8 consecutive K positions of both operands (a K order
-    # the MMA sums in, the same for x and w), so x and the words load as 16-byte vectors
-    op_a: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
-    op_b: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
+    op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
+    op_x: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
     pid_n = gl.program_id(0)
     pid_k = gl.program_id(1)
     pid_m = gl.program_id(2)
     n0 = pid_n * BN
-    # B operand tiles [SW, BN]: element (j, n) is word w + j of weight row n0 + n
-    jb = gl.arange(0, SW, layout=gl.SliceLayout(1, op_b))
-    nb = gl.arange(0, BN, layout=gl.SliceLayout(0, op_b))
+    # A operand tiles [BN, SW]: element (n, j) is word w + j of weight row n0 + n
+    nb = gl.arange(0, BN, layout=gl.SliceLayout(1, op_w))
+    jb = gl.arange(0, SW, layout=gl.SliceLayout(0, op_w))
     rows_b = (n0 + nb) % N  # rows past N read valid memory; their results are never stored
-    j2 = gl.expand_dims(jb, 1)
-    c_off = gl.expand_dims(rows_b, 0) * stride_c + j2
-    a_off = gl.expand_dims(rows_b, 0) * stride_a + j2
-    # A operand slices [BM, SW]: x row m, column (slice start) + j
-    ma = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, op_a))
-    ja = gl.arange(0, SW, layout=gl.SliceLayout(0, op_a))
-    jx2 = gl.expand_dims(ja, 0)
-    x_off = gl.expand_dims(ma, 1) * stride_xm + jx2
-    xm = gl.expand_dims(ma < M, 1)  # [BM, 1]: constant along K, vector loads stay
+    j2 = gl.expand_dims(jb, 0)
+    c_off = gl.expand_dims(rows_b, 1) * stride_c + j2
+    a_off = gl.expand_dims(rows_b, 1) * stride_a + j2
+    # B operand slices [SW, BM]: x row m (rows past M read row M - 1), column (start) + j
+    ja = gl.arange(0, SW, layout=gl.SliceLayout(1, op_x))
+    ma = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, op_x)), M - 1)
+    jx2 = gl.expand_dims(ja, 1)
+    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2
 
-    acc = gl.zeros([BM, BN], gl.float32, mma)
+    # DEPTH + 1 word buffers rotate without register copies: the loop body is unrolled
+    # DEPTH + 1 times, and each buffer is reloaded (DEPTH + 1 steps ahead) right after its
+    # step's math. Loads past the split's last step re-read that step (never used).
+    acc = gl.zeros([BN, BM], gl.float32, mma)
+    U: gl.constexpr = DEPTH + 1
     w_lo = pid_k * K_PER
-    w_end = gl.minimum(w_lo + K_PER, KW)
-    cw_n, a0_n, a1_n = _words(c_ptr, a_ptr, c_off, a_off, w_lo, GW, j2, KW, w_lo < w_end, EVEN)
+    w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
+    nsteps = (w_end - w_lo + SW - 1) // SW
+    wl = gl.maximum(gl.minimum(w_lo + (nsteps - 1) * SW, KW - SW), 0)  # last step start
+    c0, p0, q0 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo, wl), GW, j2, KW, EVEN)
+    c1, p1, q1 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo + SW, wl), GW, j2, KW,
+                        EVEN)
     if DEPTH > 1:
-        cw_m, a0_m, a1_m = _words(c_ptr, a_ptr, c_off, a_off, w_lo + SW, GW, j2, KW,
-                                  w_lo + SW < w_end, EVEN)
-    for w in range(w_lo, w_end, SW):
-        cw, a0, a1 = cw_n, a0_n, a1_n
+        c2, p2, q2 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo + 2 * SW, wl), GW, j2,
+                            KW, EVEN)
+    w_full = w_lo + (nsteps // U) * (U * SW)
+    for w in range(w_lo, w_full, U * SW):
+        acc = _step(acc, c0, p0, q0, x_ptr, x_off, w, GW, jx2, K, EVEN)
+        c0, p0, q0 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + U * SW, wl), GW, j2,
+                            KW, EVEN)
+        acc = _step(acc, c1, p1, q1, x_ptr, x_off, w + SW, GW, jx2, K, EVEN)
+        c1, p1, q1 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + (U + 1) * SW, wl), GW,
+                            j2, KW, EVEN)
         if DEPTH > 1:
-            cw_n, a0_n, a1_n = cw_m, a0_m, a1_m
-            cw_m, a0_m, a1_m = _words(c_ptr, a_ptr, c_off, a_off, w + 2 * SW, GW, j2, KW,
-                                      w + 2 * SW < w_end, EVEN)
-        else:
-            cw_n, a0_n, a1_n = _words(c_ptr, a_ptr, c_off, a_off, w + SW, GW, j2, KW,
-                                      w + SW < w_end, EVEN)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
-        colb = w + 7 * (w // GW) * GW  # column of weight 0 of word w
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb, jx2, K, EVEN), w0, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + GW, jx2, K, EVEN), w1, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 2 * GW, jx2, K, EVEN), w2, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 3 * GW, jx2, K, EVEN), w3, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 4 * GW, jx2, K, EVEN), w4, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 5 * GW, jx2, K, EVEN), w5, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 6 * GW, jx2, K, EVEN), w6, acc)
-        acc = mma_v2(_xi(x_ptr, x_off, xm, colb + 7 * GW, jx2, K, EVEN), w7, acc)
+            acc = _step(acc, c2, p2, q2, x_ptr, x_off, w + 2 * SW, GW, jx2, K, EVEN)
+            c2, p2, q2 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + (U + 2) * SW, wl),
+                                GW, j2, KW, EVEN)
+    # the last nsteps % U (< U <= 3) steps sit in buffers 0 and 1
+    if w_full < w_end:
+        acc = _step(acc, c0, p0, q0, x_ptr, x_off, w_full, GW, jx2, K, EVEN)
+    if w_full + SW < w_end:
+        acc = _step(acc, c1, p1, q1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN)
 
     # epilogue in a blocked layout: row scale 2^(base - E0) and this split's escape chunks
     # (chunk c of the tile's escape list is done by split c % SPLIT_K)
@@ -137,7 +164,7 @@ def w12_gluon_kernel(
     l2: gl.constexpr = gl.SliceLayout(2, l3)
     lx: gl.constexpr = gl.SliceLayout(1, l3)
     le: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, l3))
-    out = gl.convert_layout(acc, l2)
+    out = gl.convert_layout(gl.permute(acc, (1, 0)), l2)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, l2))
     offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, l2))
     base = gl.load(base_ptr + offs_n % N).to(gl.int32)
@@ -185,10 +212,16 @@ def w12_gluon_kernel(
                  mask=gl.expand_dims(offs_m < M, 1) & gl.expand_dims(offs_n < N, 0))
 
 
-def gluon_constants(k: int, kp: int, gw: int, bn: int, bk: int, split_k: int, warps: int,
-                    depth: int) -> tuple[int, dict]:
+def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
+                    warps: int, depth: int) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
-    (kp padded, column groups of gw words) with a K step of bk columns."""
+    (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program
+    and a K step of bk columns."""
+    if bm not in (8, 16):
+        raise ValueError(f"the Gluon W12 kernel takes 8 or 16 rows of x per program, got {bm}")
+    if bn % (16 * warps):
+        raise ValueError(f"the Gluon W12 kernel gives each warp 16k weight rows: bn={bn} "
+                         f"does not split over {warps} warps")
     sw = bk // 8
     if sw < 32 or sw > gw or sw & (sw - 1):
         raise ValueError(f"the Gluon W12 kernel steps 32..{gw} words (a power of two) of one "
@@ -198,25 +231,25 @@ def gluon_constants(k: int, kp: int, gw: int, bn: int, bk: int, split_k: int, wa
     kw = kp // 8
     kper = k_per_split(kw, sw, split_k)
     even = kw % sw == 0 and kper * split_k == kw and k == kp
-    return kper, {"BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even, "ECH": 8,
+    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even, "ECH": 8,
                   "WARPS": warps, "DEPTH": depth}
 
 
-def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, bn: int, bk: int, split_k: int, warps: int,
-                     depth: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ w.T on a CUDA device (bf16 x; rows in tiles of 16). Launched
+def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, bm: int, bn: int, bk: int, split_k: int,
+                     warps: int, depth: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T on a CUDA device (bf16 x; rows in tiles of bm). Launched
     without PDL: the kernel reads x from its first instruction."""
     m, k = x.shape
     if x.device.type != "cuda":
         raise ValueError("the Gluon W12 kernel runs on CUDA devices only")
     if k != w.k:
         raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
-    kper, consts = gluon_constants(k, w.kp, w.gw, bn, bk, split_k, warps, depth)
+    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth)
     if x.stride(1) != 1:
         x = x.contiguous()
     y = out if out is not None else torch.empty(m, w.n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(w.n, bn), split_k, triton.cdiv(m, 16))
-    ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * 16 * bn, grid[0] * grid[2])
+    grid = (triton.cdiv(w.n, bn), split_k, triton.cdiv(m, bm))
+    ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * bm * bn, grid[0] * grid[2])
     kw = w.kp // 8
     w12_gluon_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,

@@ -532,6 +532,12 @@ def w12_linear_kernel(
                     erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH)
 
 
+# (bn, split_k, warps, prefetch depth) of the Gluon kernel's configs (16 weight rows a warp:
+# 32 a warp spills at depth 1 and 2)
+GLUON_GRID = [(64, 4, 4, 1), (64, 2, 4, 1), (64, 1, 4, 1), (32, 2, 2, 1), (32, 1, 2, 2),
+              (32, 2, 2, 2), (16, 1, 1, 2), (16, 2, 1, 2)]
+
+
 def w12_candidates(b: int) -> list[KernelConfig]:
     """The W12 search grid for batch bucket b (every config is a compile: kept small).
     GEMV (CUDA cores) for 1-4 rows, the sliced tensor-core path for 2-32 (rows padded to
@@ -557,12 +563,11 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if b >= 2:
         bm = 32 if b > 16 else 16
         grid = dots[bm] if b >= 8 else dots[16][:4]
-        if bm == 16:  # the Gluon kernel: stages = steps prefetched into registers
-            grid = grid + [(64, 256, 4, 2, 1, GLUON), (64, 256, 4, 4, 1, GLUON),
-                           (32, 256, 1, 1, 1, GLUON), (32, 256, 1, 2, 2, GLUON),
-                           (16, 256, 1, 1, 2, GLUON)]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
+    if 2 <= b <= 16:  # the Gluon kernel, 8 or 16 rows of x; stages = steps prefetched
+        cfgs += [K(bm=8 if b <= 8 else 16, bn=bn, bk=256, split_k=s, warps=w, stages=p,
+                   dot=True, variant=GLUON) for bn, s, w, p in GLUON_GRID]
     return cfgs
 
 
@@ -620,11 +625,12 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     if k != w.k:
         raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
     if cfg.dot and cfg.variant & GLUON:
-        if cfg.bm != 16 or interpreting():
-            raise ValueError(f"the Gluon W12 path takes bm 16 on a CUDA device ({cfg.label})")
+        if interpreting():
+            raise ValueError(f"the Gluon W12 path runs on a CUDA device ({cfg.label})")
         from .w12_gluon import w12_gluon_matmul
 
-        return w12_gluon_matmul(x, w, cfg.bn, cfg.bk, cfg.split_k, cfg.warps, cfg.stages, out)
+        return w12_gluon_matmul(x, w, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
+                                cfg.stages, out)
     if cfg.bk % 128:
         raise ValueError(f"W12 kernels step K by multiples of 128, got bk={cfg.bk}")
     if not cfg.dot and cfg.bm not in (1, 2, 4):

@@ -1,0 +1,69 @@
+"""Hardware counters of chosen W12 / bf16 kernels under Nsight Compute (one launch each).
+
+Run as: ncu --clock-control none --profile-from-start off --csv --metrics ... \
+        python3 benchmarks/w12_ncu.py --batch 8 --shapes qkv_32B,gate_up_8B
+The script compiles every config first (outside the profiled range), then launches each
+once inside cudaProfilerStart/Stop; ncu flushes the caches before each profiled launch.
+`--list` prints the profiled kernels in order so the counters can be labelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from specpilot.kernels import w12 as fmt
+from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_matmul
+
+SHAPES = {"qkv_32B": (10240, 5120), "o_32B": (5120, 8192), "gate_up_32B": (51200, 5120),
+          "down_32B": (5120, 25600), "gate_up_8B": (24576, 4096), "down_8B": (4096, 12288)}
+
+
+def configs(batch: int) -> list[tuple[str, KernelConfig | None]]:
+    """(label, config) pairs: None = cuBLAS bf16."""
+    K = KernelConfig
+    if batch == 1:
+        return [("cublas", None), ("w12 gemv", K(bm=1, bn=16, bk=512, warps=4, stages=3))]
+    bm = 8 if batch <= 8 else 16
+    return [("cublas", None),
+            ("w12 dot5", K(bm=16, bn=32, bk=512, split_k=1, warps=4, stages=2, dot=True,
+                           variant=5)),
+            ("w12 gluon d1", K(bm=bm, bn=64, bk=256, split_k=2, warps=4, stages=1, dot=True,
+                               variant=GLUON)),
+            ("w12 gluon d2", K(bm=bm, bn=32, bk=256, split_k=1, warps=2, stages=2, dot=True,
+                               variant=GLUON))]
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--shapes", default="qkv_32B,gate_up_8B")
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    runs = []
+    for s in a.shapes.split(","):
+        n, k = SHAPES[s]
+        g = torch.Generator(device="cuda").manual_seed(0)
+        w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+        w12 = fmt.pack(w)
+        x = torch.randn(a.batch, k, device="cuda", generator=g).to(torch.bfloat16)
+        ref = x.float() @ w.float().T
+        for label, c in configs(a.batch):
+            def f(c=c, w=w, w12=w12, x=x):
+                return torch.mm(x, w.T) if c is None else w12_matmul(x, w12, c)
+            err = ((f().float() - ref).norm() / ref.norm()).item()  # compiles outside range
+            runs.append((f"{s} b{a.batch} {label}", f, err))
+    torch.cuda.synchronize()
+    if a.list:
+        for name, _, err in runs:
+            print(f"{name}\trel_err={err:.2e}")
+        return
+    torch.cuda.cudart().cudaProfilerStart()
+    for _, f, _ in runs:
+        f()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()
