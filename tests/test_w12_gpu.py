@@ -13,7 +13,7 @@ from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_candidates
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("n,k", [(1000, 1056), (4096, 4096)])
+@pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
 def test_fused_kernels_match_reference(n, k):
     from specpilot.kernels.gemv_bf16 import bf16_matmul
     from specpilot.kernels.w12_triton import w12_matmul

@@ -3,17 +3,21 @@
 Why a second kernel: in the Triton kernel (`w12_triton.py`) the compiler picks the register
 layouts, and the word tiles reach the MMA only through shared memory (cp.async staging, or a
 layout conversion of the decoded tile) that also holds x slices every warp re-reads. Here the
-layouts are explicit: each thread loads its words from global memory straight into the
-registers of the MMA's B operand (mma.sync m16n8k16, `DotOperandLayout(1)` with k_width 8:
-eight consecutive words per thread, 16-byte loads), decodes them there with the same
-byte-permute decode, and issues the MMA; weights never touch shared memory. The next one or
-two steps' words are loaded before this step's math (`DEPTH`, a register ring), so HBM
-latency hides under the decode and MMAs. x slices are loaded from global memory (L1/L2 hits)
-into the A operand layout, also 16 bytes per load. Escapes and the row scale are applied per
-split as in the sliced Triton path; split-K partials are reduced by the last program of a
-tile (`splitk.py`'s protocol). The tuner picks, per shape and batch, between this kernel and
-the Triton ones (`KernelConfig.variant` bit `GLUON`). Steps are 32-64 words of one column
-group (a 16-word step leaves the k_width-8 operand layout half empty and measured wrong).
+layouts are explicit. The product is computed transposed, y^T = W x^T: the weights are the
+A operand of mma.sync m16n8k16 (16 weight rows per warp), x^T the B operand (8 batch rows
+per MMA: batch 2-8 pads to 8, 9-16 to 16). Each thread loads its words from global memory
+straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
+16-byte loads), the byte-permute decode writes the bf16 pairs the MMA takes, and x slices
+load from L1/L2 straight into B registers (16 bytes a load); weights never touch shared
+memory. The next one or two steps' words are loaded before this step's math (`DEPTH`): the
+loop body is unrolled DEPTH + 1 times so the buffers rotate without register copies, and
+loads are unmasked on aligned shapes (prefetches past a split's end re-read its last step;
+rows past M or N read valid rows whose results are never stored). Escapes and the row scale
+are applied per split as in the sliced Triton path; split-K partials are reduced by the last
+program of a tile (`splitk.py`'s protocol). The tuner picks, per shape and batch, between
+this kernel and the Triton ones (`KernelConfig.variant` bit `GLUON`). Steps are 32-64 words
+of one column group (a 16-word step leaves the k_width-8 operand layout half empty and
+measured wrong in the first form of this kernel).
 """
 
 from __future__ import annotations

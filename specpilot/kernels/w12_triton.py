@@ -23,8 +23,8 @@ into one [BN, BK] tile and permutes x to match (a shared-memory round trip per s
 `KernelConfig.variant` for W12: bit 0 = PTX byte-permute decode (else the same bit math in
 plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
 sliced tensor-core path, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
-straight from global memory into MMA registers; bm 16, `stages` = steps prefetched, CUDA
-only). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
+straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
+CUDA only). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
 are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
 
