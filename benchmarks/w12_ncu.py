@@ -1,15 +1,23 @@
 """Hardware counters of chosen W12 / bf16 kernels under Nsight Compute (one launch each).
 
-Run as: ncu --clock-control none --profile-from-start off --csv --metrics ... \
-        python3 benchmarks/w12_ncu.py --batch 8 --shapes qkv_32B,gate_up_8B
+On a GPU machine with ncu (from the repo root):
+
+    M=$(python3 benchmarks/w12_ncu.py --metrics)
+    PYTHONPATH=. ncu --clock-control none --profile-from-start off --csv --metrics "$M" \
+        python3 benchmarks/w12_ncu.py --batch 8 --shapes qkv_32B,gate_up_8B > ncu.csv
+    python3 benchmarks/w12_ncu.py --report ncu.csv
+
 The script compiles every config first (outside the profiled range), then launches each
 once inside cudaProfilerStart/Stop; ncu flushes the caches before each profiled launch.
-`--list` prints the profiled kernels in order so the counters can be labelled.
+`--list` prints the profiled launches in order (with each one's error against fp32), and
+`--report` prints one line per profiled kernel: time, DRAM throughput, occupancy,
+registers, issue utilization, instructions, L1 traffic, grid and the top stall reasons.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 
 import torch
 
@@ -18,6 +26,35 @@ from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_matmul
 
 SHAPES = {"qkv_32B": (10240, 5120), "o_32B": (5120, 8192), "gate_up_32B": (51200, 5120),
           "down_32B": (5120, 25600), "gate_up_8B": (24576, 4096), "down_8B": (4096, 12288)}
+
+
+METRICS = ("gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,"
+           "sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,"
+           "smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,"
+           "l1tex__t_bytes.sum,launch__grid_size,"
+           r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+SHORT = {"gpu__time_duration.sum": "ns", "sm__inst_executed.sum": "inst",
+         "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
+         "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy%",
+         "launch__registers_per_thread": "regs", "l1tex__t_bytes.sum": "L1 bytes",
+         "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue%",
+         "launch__grid_size": "grid"}
+STALL = "smsp__average_warps_issue_stalled_"
+
+
+def report(path: str) -> None:
+    """One line per profiled kernel of an `ncu --csv` file."""
+    kernels: dict = {}
+    with open(path) as f:
+        for row in csv.DictReader(line for line in f if line.startswith('"')):
+            key = (int(row["ID"]), row["Kernel Name"][:40])
+            kernels.setdefault(key, {})[row["Metric Name"]] = row["Metric Value"]
+    for (i, name), m in kernels.items():
+        vals = [f"{s}={m[k]}" for k, s in SHORT.items() if k in m]
+        stalls = sorted(((k[len(STALL):].split("_per_issue")[0], float(v.replace(",", "")))
+                         for k, v in m.items() if k.startswith(STALL)), key=lambda t: -t[1])
+        print(f"{i:2d} {name}  " + "  ".join(vals) + "  stalls: " +
+              " ".join(f"{k}={v:.2f}" for k, v in stalls[:4]))
 
 
 def configs(batch: int) -> list[tuple[str, KernelConfig | None]]:
@@ -39,7 +76,15 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--shapes", default="qkv_32B,gate_up_8B")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu")
+    ap.add_argument("--report", metavar="CSV", help="summarize an ncu --csv file")
     a = ap.parse_args()
+    if a.metrics:
+        print(METRICS)
+        return
+    if a.report:
+        report(a.report)
+        return
     runs = []
     for s in a.shapes.split(","):
         n, k = SHAPES[s]
