@@ -42,6 +42,7 @@ from specpilot.kernels.tuning import (
     tune,
 )
 from specpilot.kernels.w12_triton import (
+    GLUON,
     KernelConfig,
     w12_candidates,
     w12_default_config,
@@ -127,7 +128,8 @@ def explore_candidates(b: int) -> list[KernelConfig]:
     """The engine's grid (`w12_candidates`) widened: for batch 1-4 the GEMV over 2-64 rows
     per program, K steps 512-2048, 2-8 warps, 3-4 stages, 1-2 splits; for batch >= 2 the
     sliced tensor-core path in both orientations over tile widths 16-128, K steps 256-1024,
-    2-8 warps."""
+    2-8 warps; for batch 2-16 the Gluon kernel over 1-4 warps of 16 weight rows, 1-8 splits,
+    prefetch depth 1-2."""
     K = KernelConfig
     cfgs = w12_candidates(b)
     if b <= 4:
@@ -151,6 +153,10 @@ def explore_candidates(b: int) -> list[KernelConfig]:
             (128, 512, 2, 8, 2, 7), (128, 256, 2, 8, 3, 7)]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
+    if 2 <= b <= 16:  # the Gluon kernel: 16 weight rows a warp, 1-8 splits, depth 1-2
+        cfgs += [K(bm=8 if b <= 8 else 16, bn=16 * w, bk=256, split_k=s, warps=w, stages=d,
+                   dot=True, variant=GLUON)
+                 for w, s, d in itertools.product((1, 2, 4), (1, 2, 4, 8), (1, 2))]
     return list(dict.fromkeys(cfgs))  # the engine's grid first, each config once
 
 

@@ -534,8 +534,8 @@ def w12_linear_kernel(
 
 # (bn, split_k, warps, prefetch depth) of the Gluon kernel's configs (16 weight rows a warp:
 # 32 a warp spills at depth 1 and 2)
-GLUON_GRID = [(64, 4, 4, 1), (64, 2, 4, 1), (64, 1, 4, 1), (32, 2, 2, 1), (32, 1, 2, 2),
-              (32, 2, 2, 2), (16, 1, 1, 2), (16, 2, 1, 2)]
+GLUON_GRID = [(16, 1, 1, 1), (16, 2, 1, 1), (16, 4, 1, 1), (16, 1, 1, 2), (16, 2, 1, 2),
+              (32, 2, 2, 1), (64, 4, 4, 1)]
 
 
 def w12_candidates(b: int) -> list[KernelConfig]:
