@@ -43,6 +43,7 @@ from specpilot.kernels.tuning import (
 )
 from specpilot.kernels.w12_triton import (
     GLUON,
+    WGMMA,
     KernelConfig,
     w12_candidates,
     w12_default_config,
@@ -128,8 +129,9 @@ def explore_candidates(b: int) -> list[KernelConfig]:
     """The engine's grid (`w12_candidates`) widened: for batch 1-4 the GEMV over 2-64 rows
     per program, K steps 512-2048, 2-8 warps, 3-4 stages, 1-2 splits; for batch >= 2 the
     sliced tensor-core path in both orientations over tile widths 16-128, K steps 256-1024,
-    2-8 warps; for batch 2-16 the Gluon kernel over 1-4 warps of 16 weight rows, 1-8 splits,
-    prefetch depth 1-2."""
+    2-8 warps; for batch 2-32 the Gluon kernel over 1-4 warps of 16 weight rows, 1-8 splits,
+    prefetch depth 1-2, and the TMA + wgmma kernel over 64/128 rows, K steps 128/256, 1-4
+    splits, rings of 2-8 steps (as many as 200 KB of shared memory holds)."""
     K = KernelConfig
     cfgs = w12_candidates(b)
     if b <= 4:
@@ -153,10 +155,17 @@ def explore_candidates(b: int) -> list[KernelConfig]:
             (128, 512, 2, 8, 2, 7), (128, 256, 2, 8, 3, 7)]
         cfgs += [K(bm=bm, bn=bn, bk=bk, split_k=s, warps=w, stages=p, dot=True, variant=v)
                  for bn, bk, s, w, p, v in grid]
-    if 2 <= b <= 16:  # the Gluon kernel: 16 weight rows a warp, 1-8 splits, depth 1-2
+        # the Gluon kernel: 16 weight rows a warp, 1-8 splits, depth 1-2 (17-32: two 16-row
+        # x tiles)
         cfgs += [K(bm=8 if b <= 8 else 16, bn=16 * w, bk=256, split_k=s, warps=w, stages=d,
                    dot=True, variant=GLUON)
                  for w, s, d in itertools.product((1, 2, 4), (1, 2, 4, 8), (1, 2))]
+        # the TMA + wgmma kernel: 64 or 128 weight rows, a ring of 2-8 steps
+        bm = 8 if b <= 8 else 16 if b <= 16 else 32
+        for bn, bk, s, p in itertools.product((64, 128), (128, 256), (1, 2, 4), (2, 4, 6, 8)):
+            if p * (3 * bn * bk // 2 + 2 * bm * bk) <= 200 * 1024:
+                cfgs.append(K(bm=bm, bn=bn, bk=bk, split_k=s, warps=bn // 16, stages=p,
+                              dot=True, variant=WGMMA))
     return list(dict.fromkeys(cfgs))  # the engine's grid first, each config once
 
 
@@ -221,7 +230,7 @@ def bf16_configs(table: TunedTable, n: int, k: int, b: int, full: bool) -> list[
 
 
 def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
-                full_bf16=False, explore=False) -> tuple[list[dict], list, dict]:
+                full_bf16=False, explore=False, variant_mask=0) -> tuple[list[dict], list, dict]:
     w = llm_like(n, k, seed=sum(map(ord, name)))
     packed = fmt.pack(w)
     exact = torch.equal(w12_unpack(packed).view(torch.int16), w.view(torch.int16))
@@ -236,6 +245,8 @@ def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
     for b in batches:
         probs = make_problems(n, k, b, w_bf16, w_12)
         cfgs = (explore_candidates if explore else w12_candidates)(bucket(b))
+        if variant_mask:
+            cfgs = [c for c in cfgs if c.variant & variant_mask]
         tcfgs = bf16_configs(shipped or TunedTable(device="none"), n, k, b, full_bf16)
         if quick or time.time() > deadline:
             cfgs, tcfgs = cfgs[:2], tcfgs[:1]
@@ -340,6 +351,9 @@ def main() -> None:
                     help="tune the bf16 kernel over its grid (default: the shipped table's best)")
     ap.add_argument("--explore", action="store_true",
                     help="time the wider tensor-core grid of explore_candidates")
+    ap.add_argument("--variant-mask", type=int, default=0,
+                    help="time only the W12 configs whose variant has one of these bits "
+                         "(64: the Gluon register kernel, 128: the TMA + wgmma kernel)")
     ap.add_argument("--asm", action="store_true", help="write w12_asm.json (see above)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="past 75%% of this, tune only 2 configs; past it, skip the step")
@@ -367,7 +381,7 @@ def main() -> None:
         n, k = SHAPES[name]
         r, recs, info = bench_shape(name, n, k, batches, args.quick, log,
                                     t0 + 0.75 * args.budget_s, shipped, args.full_bf16,
-                                    args.explore)
+                                    args.explore, args.variant_mask)
         rows += r
         infos.append(info)
         for rec in recs:

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 
-from specpilot.kernels import gemv_bf16, w12_gluon, w12_triton
+from specpilot.kernels import gemv_bf16, w12_gluon, w12_triton, w12_wgmma
 from specpilot.kernels.tuning import BUCKETS, candidate_configs
 from specpilot.kernels.w12 import group_words
 
@@ -98,3 +98,28 @@ def test_every_tuning_config_compiles_for_sm90(builds):
         if consts.get("PDL"):
             assert "griddepcontrol.wait" in k.asm["ptx"], label
     assert not failed, "\n".join(failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bm,bn,bk,split,stages", [(8, 64, 256, 1, 2), (32, 128, 128, 3, 4)])
+def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
+    """The TMA + wgmma W12 kernel (explore-only) builds for sm_90: its tensor descriptors
+    are typed by their block shape and shared layout."""
+    from triton.experimental.gluon import language as gl
+
+    _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages)
+    sw = consts["SW"]
+    wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
+    xl = gl.NVMMASharedLayout.get_default_for([bm, sw], gl.bfloat16)
+    descs = {"c_desc": f"tensordesc<i32[{bn}, {sw}],{wl!r}>",
+             "a_desc": f"tensordesc<i32[{bn}, {sw}],{wl!r}>",
+             "x_desc": f"tensordesc<bf16[{bm}, {sw}],{xl!r}>"}
+    kernel = w12_wgmma.w12_wgmma_kernel
+    names = inspect.signature(kernel.fn).parameters
+    sig = {a: "constexpr" if a in consts else descs.get(a) or POINTERS.get(a, "i32")
+           for a in names}
+    k = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts),
+                       target=TARGET, options={"num_warps": bn // 16})
+    ptx = k.asm["ptx"]
+    assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
+    assert f"m64n{bm}k16" in ptx

@@ -220,3 +220,30 @@ def test_build_engine_linear_knobs_reach_the_draft_model(tmp_path, qwen3_draft_d
     margin = _margin(stock.target, [r[:min(map(len, rows))] for r in rows])
     r = _force(stock.target, prompts, outs, margin)
     assert r["failures"] == 0, (r, margin)
+
+
+@pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
+def test_wgmma_kernel_matches_reference(n, k):
+    """The TMA + wgmma kernel (explored by `w12_bench.py --explore`, not in the engine's
+    grid): ragged N and K (TMA zero-fills past the ends), split-K, rings of 2-4 steps,
+    escapes; a weight too narrow for its step is refused with a clear error."""
+    from specpilot.kernels.w12_triton import WGMMA, w12_matmul
+
+    g = torch.Generator(device="cuda").manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w[0, 0], w[n - 1, 5], w[3, 7] = 40.0, 1e-30, -0.0
+    p = fmt.pack(w)
+    for b, bm in ((2, 8), (8, 8), (13, 16), (32, 32)):
+        for bn, bk, split, stages in ((64, 256, 1, 2), (128, 128, 3, 4), (64, 128, 2, 4)):
+            cfg = KernelConfig(bm=bm, bn=bn, bk=bk, split_k=split, warps=bn // 16,
+                               stages=stages, dot=True, variant=WGMMA)
+            x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
+            y = torch.full((b, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            if bk // 8 > p.gw:
+                with pytest.raises(ValueError, match="wgmma W12 kernel steps"):
+                    w12_matmul(x, p, cfg, out=y)
+                continue
+            w12_matmul(x, p, cfg, out=y)
+            ref = x.float() @ w.float().T
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (b, cfg.label, err)

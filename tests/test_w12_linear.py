@@ -22,7 +22,7 @@ from specpilot.kernels.tuning import (
     table_path,
 )
 from specpilot.kernels.w12_linear import W12Linear, apply_w12, predicted_gain
-from specpilot.kernels.w12_triton import KernelConfig
+from specpilot.kernels.w12_triton import GLUON, WGMMA, KernelConfig, w12_matmul
 from specpilot.runtime.loader import load_model
 
 
@@ -201,3 +201,13 @@ def test_step_rows_follow_k_and_batch():
     # an engine run at several batch sizes: every row count of every one of them
     assert step_rows(Knobs(drafter="ngram", k=4, k_per_batch={8: 2}), (1, 8)) == (1, 5, 8, 24)
     assert step_rows(Knobs(), (1, 8, 32)) == (1, 8, 32)
+
+
+@pytest.mark.parametrize("variant", [GLUON, WGMMA])
+def test_gluon_kernels_refuse_cpu_tensors(variant):
+    """The Gluon kernels (register and TMA + wgmma) are CUDA-only: on CPU tensors the
+    dispatcher says so instead of failing inside Triton."""
+    w = fmt.pack((torch.randn(64, 512) * 0.02).to(torch.bfloat16))
+    cfg = KernelConfig(bm=8, bn=64, bk=256, warps=4, stages=2, dot=True, variant=variant)
+    with pytest.raises(ValueError, match="run on a CUDA device"):
+        w12_matmul(torch.randn(2, 512).to(torch.bfloat16), w, cfg)

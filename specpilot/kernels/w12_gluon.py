@@ -1,11 +1,12 @@
-"""W12 tensor-core linear written in Gluon (Triton's explicit-layout language), batch 2-16.
+"""W12 tensor-core linear written in Gluon (Triton's explicit-layout language), batch 2-32.
 
 Why a second kernel: in the Triton kernel (`w12_triton.py`) the compiler picks the register
 layouts, and the word tiles reach the MMA only through shared memory (cp.async staging, or a
 layout conversion of the decoded tile) that also holds x slices every warp re-reads. Here the
 layouts are explicit. The product is computed transposed, y^T = W x^T: the weights are the
 A operand of mma.sync m16n8k16 (16 weight rows per warp), x^T the B operand (8 batch rows
-per MMA: batch 2-8 pads to 8, 9-16 to 16). Each thread loads its words from global memory
+per MMA: batch 2-8 pads to 8, 9-16 to 16, 17-32 runs two 16-row tiles of x side by side,
+the second reading the weight words from L2). Each thread loads its words from global memory
 straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
 16-byte loads), the byte-permute decode writes the bf16 pairs the MMA takes, and x slices
 load from L1/L2 straight into B registers (16 bytes a load); weights never touch shared
@@ -28,9 +29,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
-from .splitk import k_per_split, workspace
+from .splitk import workspace
 from .w12 import W12Weight
-from .w12_triton import DECODE_BF16_ASM, DECODE_BF16_CONSTRAINTS, H_CONST4, H_MASK4
+from .w12_triton import DECODE_BF16_ASM, DECODE_BF16_CONSTRAINTS, H_CONST4, H_MASK4, split_words
 
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier  # renamed in 3.7+
 
@@ -112,9 +113,14 @@ def w12_gluon_kernel(
                                                   instr_shape=[16, 8])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
     op_x: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
-    pid_n = gl.program_id(0)
+    # program_id(0) walks the (weight tile, x tile) pairs with the x tiles fastest: the
+    # programs that share a weight tile (batch > BM) run side by side, so its words come
+    # from DRAM once and from L2 for the others
+    mt = (M + BM - 1) // BM
+    tile = gl.program_id(0)
+    pid_n = tile // mt
+    pid_m = tile % mt
     pid_k = gl.program_id(1)
-    pid_m = gl.program_id(2)
     n0 = pid_n * BN
     # A operand tiles [BN, SW]: element (n, j) is word w + j of weight row n0 + n
     nb = gl.arange(0, BN, layout=gl.SliceLayout(1, op_w))
@@ -162,8 +168,19 @@ def w12_gluon_kernel(
     if w_full + SW < w_end:
         acc = _step(acc, c1, p1, q1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN)
 
-    # epilogue in a blocked layout: row scale 2^(base - E0) and this split's escape chunks
-    # (chunk c of the tile's escape list is done by split c % SPLIT_K)
+    _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH,
+              WARPS)
+
+
+@gluon.jit
+def _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM: gl.constexpr,
+              BN: gl.constexpr, SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr):
+    """y tile [BM, BN] from a split's accumulator acc [BN, BM] (any layout), in a blocked
+    layout: row scale 2^(base - E0), this split's escape chunks (chunk c of the tile's escape
+    list is done by split c % SPLIT_K), then the split-K reduction (`splitk.py`'s protocol)
+    and the store."""
     l3: gl.constexpr = gl.BlockedLayout([1, 1, ECH], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
     l2: gl.constexpr = gl.SliceLayout(2, l3)
     lx: gl.constexpr = gl.SliceLayout(1, l3)
@@ -199,7 +216,6 @@ def w12_gluon_kernel(
         gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, l2)), 0)
     finish = True
     if SPLIT_K > 1:
-        tile = pid_m * gl.num_programs(0) + pid_n
         gl.store(ws_ptr + (tile * SPLIT_K + pid_k) * BM * BN + loc, out)
         _barrier()
         done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
@@ -232,28 +248,19 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
                          f"column group, got bk={bk}")
     if depth not in (1, 2):
         raise ValueError(f"the Gluon W12 kernel prefetches 1 or 2 steps, got {depth}")
-    kw = kp // 8
-    kper = k_per_split(kw, sw, split_k)
-    even = kw % sw == 0 and kper * split_k == kw and k == kp
-    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even, "ECH": 8,
-                  "WARPS": warps, "DEPTH": depth}
+    kper, even = split_words(k, kp, sw, split_k)
+    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even,
+                  "ECH": 8, "WARPS": warps, "DEPTH": depth}
 
 
-def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, bm: int, bn: int, bk: int, split_k: int,
-                     warps: int, depth: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ w.T on a CUDA device (bf16 x; rows in tiles of bm). Launched
-    without PDL: the kernel reads x from its first instruction."""
+def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
+                     split_k: int, warps: int, depth: int) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows on a CUDA device, y allocated; rows
+    in tiles of bm). Launched without PDL: the kernel reads x from its first instruction."""
     m, k = x.shape
-    if x.device.type != "cuda":
-        raise ValueError("the Gluon W12 kernel runs on CUDA devices only")
-    if k != w.k:
-        raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
     kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    y = out if out is not None else torch.empty(m, w.n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(w.n, bn), split_k, triton.cdiv(m, bm))
-    ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * bm * bn, grid[0] * grid[2])
+    grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
+    ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
     kw = w.kp // 8
     w12_gluon_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,

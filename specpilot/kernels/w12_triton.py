@@ -24,8 +24,11 @@ into one [BN, BK] tile and permutes x to match (a shared-memory round trip per s
 plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
 sliced tensor-core path, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
 straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
-CUDA only). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
-are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
+CUDA only), bit 7 (`WGMMA`) = the TMA + wgmma kernel of `w12_wgmma.py` (explored by
+`w12_bench.py --explore`, not in the engine's grid: slower so far; bm 8/16/32, bn 64 or
+128 weight rows, `stages` = shared-memory ring steps). Under TRITON_INTERPRET=1 (CPU
+tests) the plain decode is used, activations/outputs are fp32 and `f32_dot=True`: the
+interpreter mishandles bf16 and cannot run PTX.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .splitk import k_per_split, reduce_partials, store_partial_and_count, works
 from .w12 import W12Weight
 
 GLUON = 64  # `KernelConfig.variant` bit of the W12 Gluon kernel
+WGMMA = 128  # ... and of the W12 TMA + wgmma kernel (`w12_wgmma.py`)
 
 
 @dataclass(frozen=True)
@@ -111,7 +115,8 @@ def _decode_f32(c, a0, a1, USE_ASM: tl.constexpr):
             constraints="=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r,r,r,r",
             args=[c, a0, a1, tl.full(c.shape, 0x00870087, tl.int32),
                   tl.full(c.shape, -2030008576, tl.int32), tl.full(c.shape, 0x00380038, tl.int32),
-                  tl.full(c.shape, 0x38003800, tl.int32)], dtype=(tl.int32,) * 8, is_pure=True, pack=1)
+                  tl.full(c.shape, 0x38003800, tl.int32)], dtype=(tl.int32,) * 8, is_pure=True,
+            pack=1)
         return (f0.to(tl.float32, bitcast=True), f1.to(tl.float32, bitcast=True),
                 f2.to(tl.float32, bitcast=True), f3.to(tl.float32, bitcast=True),
                 f4.to(tl.float32, bitcast=True), f5.to(tl.float32, bitcast=True),
@@ -160,7 +165,8 @@ def _decode_bf16(c, a0, a1, USE_ASM: tl.constexpr):
         b0, b1, b2, b3, b4, b5, b6, b7 = tl.inline_asm_elementwise(
             asm=DECODE_BF16_ASM, constraints=DECODE_BF16_CONSTRAINTS,
             args=[c, a0, a1, tl.full(c.shape, H_MASK4, tl.int32),
-                  tl.full(c.shape, H_CONST4, tl.int32)], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+                  tl.full(c.shape, H_CONST4, tl.int32)], dtype=(tl.int16,) * 8, is_pure=True,
+            pack=1)
         return (b0.to(tl.bfloat16, bitcast=True), b1.to(tl.bfloat16, bitcast=True),
                 b2.to(tl.bfloat16, bitcast=True), b3.to(tl.bfloat16, bitcast=True),
                 b4.to(tl.bfloat16, bitcast=True), b5.to(tl.bfloat16, bitcast=True),
@@ -541,7 +547,7 @@ GLUON_GRID = [(16, 1, 1, 1), (16, 2, 1, 1), (16, 4, 1, 1), (16, 1, 1, 2), (16, 2
 def w12_candidates(b: int) -> list[KernelConfig]:
     """The W12 search grid for batch bucket b (every config is a compile: kept small).
     GEMV (CUDA cores) for 1-4 rows, the sliced tensor-core path for 2-32 (rows padded to
-    16 or 32) and the Gluon kernel for 2-16. bk below 512 steps through a slice of each
+    16 or 32) and the Gluon kernel for 2-32. bk below 512 steps through a slice of each
     64-word column group."""
     K = KernelConfig
     gemv = {1: [(8, 512, 1, 4), (8, 512, 2, 4), (16, 512, 1, 4), (16, 512, 2, 4),
@@ -568,6 +574,9 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if 2 <= b <= 16:  # the Gluon kernel, 8 or 16 rows of x; stages = steps prefetched
         cfgs += [K(bm=8 if b <= 8 else 16, bn=bn, bk=256, split_k=s, warps=w, stages=p,
                    dot=True, variant=GLUON) for bn, s, w, p in GLUON_GRID]
+    elif b > 16:  # two 16-row x tiles side by side (the second reads the words from L2)
+        cfgs += [K(bm=16, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
+                   variant=GLUON) for s in (1, 2, 4, 8)]
     return cfgs
 
 
@@ -601,15 +610,21 @@ def step_words(gw: int, bk: int) -> tuple[int, int]:
     return 1, max(16, min(gw, triton.next_power_of_2(bk // 8)))
 
 
+def split_words(k: int, kp: int, sw: int, split_k: int) -> tuple[int, bool]:
+    """(words per split, EVEN) for steps of sw words over a weight of K columns (kp padded):
+    EVEN when every split is whole steps of real columns (no masks needed)."""
+    kw = kp // 8
+    kper = k_per_split(kw, sw, split_k)
+    return kper, kw % sw == 0 and kper * split_k == kw and k == kp
+
+
 def kernel_constants(k: int, kp: int, gw: int, cfg: KernelConfig, f32_dot: bool = False,
                      use_pdl: bool = False) -> tuple[int, dict]:
     """(words per split, the fused kernel's constexprs) of a call on a W12 weight of K
     columns (kp padded, groups of gw words): what `w12_matmul` launches, and what the
     sm90 compile test builds on a machine without a GPU."""
     ng, gs = step_words(gw, cfg.bk)
-    kw = kp // 8
-    kper = k_per_split(kw, ng * gs, cfg.split_k)  # in words
-    even = kw % (ng * gs) == 0 and kper * cfg.split_k == kw and k == kp
+    kper, even = split_words(k, kp, ng * gs, cfg.split_k)
     return kper, {
         "BM": cfg.bm, "BN": cfg.bn, "NG": ng, "GS": gs, "GW": gw, "SPLIT_K": cfg.split_k,
         "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN": even,
@@ -624,13 +639,6 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     m, k = x.shape
     if k != w.k:
         raise ValueError(f"x has {k} columns, the W12 weight has K={w.k}")
-    if cfg.dot and cfg.variant & GLUON:
-        if interpreting():
-            raise ValueError(f"the Gluon W12 path runs on a CUDA device ({cfg.label})")
-        from .w12_gluon import w12_gluon_matmul
-
-        return w12_gluon_matmul(x, w, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
-                                cfg.stages, out)
     if cfg.bk % 128:
         raise ValueError(f"W12 kernels step K by multiples of 128, got bk={cfg.bk}")
     if not cfg.dot and cfg.bm not in (1, 2, 4):
@@ -638,6 +646,17 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     if x.stride(1) != 1:
         x = x.contiguous()
     y = out if out is not None else torch.empty(m, w.n, dtype=x.dtype, device=x.device)
+    if cfg.dot and cfg.variant & (GLUON | WGMMA):
+        if interpreting() or x.device.type != "cuda":
+            raise ValueError(f"the Gluon W12 kernels run on a CUDA device ({cfg.label})")
+        if cfg.variant & WGMMA:
+            from .w12_wgmma import w12_wgmma_matmul
+
+            return w12_wgmma_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.stages)
+        from .w12_gluon import w12_gluon_matmul
+
+        return w12_gluon_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
+                                cfg.stages)
     grid = launch_grid(m, w.n, cfg)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * cfg.bm * cfg.bn,
                         grid[0] * grid[2])

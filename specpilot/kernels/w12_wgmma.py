@@ -1,0 +1,152 @@
+"""W12 linear on Hopper's copy engine and warpgroup MMA (Gluon), batch 2-32.
+
+The register kernel (`w12_gluon.py`) keeps at most two steps of words in flight per warp,
+each load an instruction per thread. Here one warpgroup (4 warps, 64 weight rows) streams
+its words and x slices through a shared-memory ring of STAGES steps filled by TMA bulk
+copies (one thread issues 11 copies a step; an mbarrier per stage counts the bytes in), so
+the bytes in flight per SM are the ring's, not the registers'. A step's words (codes, A0,
+A1: [64, SW] each) are read from shared memory into wgmma's register A operand layout, the
+decode (`w12_gluon._decode`) writes the 8 bf16 tiles there, and each multiplies its x slice
+[BM, SW] read by the wgmma straight from shared memory (a transposed view: y^T = W x^T,
+batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
+words past KW, x columns past K), so no load is masked. Escapes, the row scale and split-K
+go through the register kernel's epilogue.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .splitk import workspace
+from .w12 import W12Weight
+from .w12_gluon import _barrier, _decode, _epilogue
+from .w12_triton import split_words
+
+
+@gluon.jit
+def _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, s, w, n0, m0,
+           GW: gl.constexpr):
+    """TMA copies of step w's words and x slices into ring stage s."""
+    bar = bars.index(s)
+    mbarrier.expect(bar, 3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes)
+    wa = w + (w // GW) * GW
+    tma.async_copy_global_to_shared(c_desc, [n0, w], bar, c_s.index(s))
+    tma.async_copy_global_to_shared(a_desc, [n0, wa], bar, a0_s.index(s))
+    tma.async_copy_global_to_shared(a_desc, [n0, wa + GW], bar, a1_s.index(s))
+    colb = w + 7 * (w // GW) * GW
+    for i in gl.static_range(8):
+        tma.async_copy_global_to_shared(x_desc, [m0, colb + i * GW], bar, x_s.index(s * 8 + i))
+
+
+@gluon.jit
+def w12_wgmma_kernel(
+    c_desc, a_desc, x_desc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr,
+    ws_ptr, cnt_ptr, M, N, KW, stride_xm, stride_ym, K_PER,
+    BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
+    SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+):
+    acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                    instr_shape=[16, BM, 16])
+    op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    mt = (M + BM - 1) // BM
+    tile = gl.program_id(0)
+    pid_n = tile // mt
+    pid_m = tile % mt
+    pid_k = gl.program_id(1)
+    n0 = pid_n * BN
+    m0 = pid_m * BM
+
+    c_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], c_desc.layout)
+    a0_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
+    a1_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
+    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES * 8, BM, SW], x_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(STAGES):
+        mbarrier.init(bars.index(p), count=1)
+
+    w_lo = pid_k * K_PER
+    w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
+    nsteps = (w_end - w_lo + SW - 1) // SW
+    for p in gl.static_range(STAGES):
+        if p < nsteps:
+            _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, p, w_lo + p * SW, n0,
+                   m0, GW)
+
+    acc = gl.zeros([BN, BM], gl.float32, acc_l)
+    for t in range(nsteps):
+        s = t % STAGES  # the stage of step t
+        mbarrier.wait(bars.index(s), (t // STAGES) & 1)
+        cw = c_s.index(s).load(op_w)
+        a0 = a0_s.index(s).load(op_w)
+        a1 = a1_s.index(s).load(op_w)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
+        acc = warpgroup_mma(w0, x_s.index(s * 8).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w1, x_s.index(s * 8 + 1).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w2, x_s.index(s * 8 + 2).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w3, x_s.index(s * 8 + 3).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w4, x_s.index(s * 8 + 4).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w5, x_s.index(s * 8 + 5).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w6, x_s.index(s * 8 + 6).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma(w7, x_s.index(s * 8 + 7).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+        _barrier()  # every warp is done with stage s: refill it
+        if t + STAGES < nsteps:
+            fence_async_shared()
+            _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, s,
+                   w_lo + (t + STAGES) * SW, n0, m0, GW)
+    for p in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(p))
+
+    _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH,
+              WARPS)
+
+
+def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
+                    stages: int) -> tuple[int, dict]:
+    """(words per split, the kernel's constexprs) of a call with bm rows of x, bn weight
+    rows (one warpgroup per 64) and a K step of bk columns."""
+    if bm not in (8, 16, 32):
+        raise ValueError(f"the wgmma W12 kernel takes 8, 16 or 32 rows of x, got {bm}")
+    if bn not in (64, 128):
+        raise ValueError(f"the wgmma W12 kernel takes 64 or 128 weight rows, got {bn}")
+    sw = bk // 8
+    if sw < 16 or sw > gw or sw & (sw - 1):
+        raise ValueError(f"the wgmma W12 kernel steps 16..{gw} words (a power of two) of one "
+                         f"column group, got bk={bk}")
+    kper, _ = split_words(kp, kp, sw, split_k)  # TMA zero-fills: no EVEN variant
+    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "ECH": 8,
+                  "WARPS": bn // 16, "STAGES": stages}
+
+
+def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
+                     split_k: int, stages: int) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8)."""
+    m, k = x.shape
+    if k % 8:
+        raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
+    kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages)
+    sw = consts["SW"]
+    kw = w.kp // 8
+    wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
+    xl = gl.NVMMASharedLayout.get_default_for([bm, sw], gl.bfloat16)
+    c_desc = TensorDescriptor.from_tensor(w.codes.view(torch.int32).view(w.n, kw), [bn, sw], wl)
+    a_desc = TensorDescriptor.from_tensor(w.a.view(torch.int32).view(w.n, 2 * kw), [bn, sw], wl)
+    x_desc = TensorDescriptor.from_tensor(x, [bm, sw], xl)
+    grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
+    ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
+    w12_wgmma_kernel[grid](
+        c_desc, a_desc, x_desc, x, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
+        ws, cnt, m, w.n, kw, x.stride(0), y.stride(0), kper, num_warps=bn // 16, **consts)
+    return y
