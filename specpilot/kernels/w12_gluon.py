@@ -96,6 +96,17 @@ def _step(acc, cw, a0, a1, x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.c
 
 
 @gluon.jit
+def _program_ids(M, BM: gl.constexpr):
+    """(tile, weight tile, x tile, split) of this program. program_id(0) walks the (weight
+    tile, x tile) pairs with the x tiles fastest: the programs that share a weight tile
+    (batch > BM) run side by side, so its words come from DRAM once and from L2 for the
+    others; program_id(1) is the split."""
+    mt = (M + BM - 1) // BM
+    tile = gl.program_id(0)
+    return tile, tile // mt, tile % mt, gl.program_id(1)
+
+
+@gluon.jit
 def w12_gluon_kernel(
     x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
@@ -113,14 +124,7 @@ def w12_gluon_kernel(
                                                   instr_shape=[16, 8])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
     op_x: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
-    # program_id(0) walks the (weight tile, x tile) pairs with the x tiles fastest: the
-    # programs that share a weight tile (batch > BM) run side by side, so its words come
-    # from DRAM once and from L2 for the others
-    mt = (M + BM - 1) // BM
-    tile = gl.program_id(0)
-    pid_n = tile // mt
-    pid_m = tile % mt
-    pid_k = gl.program_id(1)
+    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     n0 = pid_n * BN
     # A operand tiles [BN, SW]: element (n, j) is word w + j of weight row n0 + n
     nb = gl.arange(0, BN, layout=gl.SliceLayout(1, op_w))

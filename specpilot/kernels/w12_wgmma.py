@@ -30,7 +30,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .splitk import workspace
 from .w12 import W12Weight
-from .w12_gluon import _barrier, _decode, _epilogue
+from .w12_gluon import _barrier, _decode, _epilogue, _program_ids
 from .w12_triton import split_words
 
 
@@ -59,11 +59,7 @@ def w12_wgmma_kernel(
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    mt = (M + BM - 1) // BM
-    tile = gl.program_id(0)
-    pid_n = tile // mt
-    pid_m = tile % mt
-    pid_k = gl.program_id(1)
+    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     n0 = pid_n * BN
     m0 = pid_m * BM
 
