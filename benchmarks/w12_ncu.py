@@ -2,10 +2,10 @@
 
 On a GPU machine with ncu (from the repo root):
 
-    M=$(python3 benchmarks/w12_ncu.py --metrics)
+    M=$(PYTHONPATH=. python3 benchmarks/w12_ncu.py --metrics)
     PYTHONPATH=. ncu --clock-control none --profile-from-start off --csv --metrics "$M" \
         python3 benchmarks/w12_ncu.py --batch 8 --shapes qkv_32B,gate_up_8B > ncu.csv
-    python3 benchmarks/w12_ncu.py --report ncu.csv
+    PYTHONPATH=. python3 benchmarks/w12_ncu.py --report ncu.csv
 
 The script compiles every config first (outside the profiled range), then launches each
 once inside cudaProfilerStart/Stop; ncu flushes the caches before each profiled launch.
@@ -21,12 +21,9 @@ import csv
 
 import torch
 
+from benchmarks.w12_bench import SHAPES
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_matmul
-
-SHAPES = {"qkv_32B": (10240, 5120), "o_32B": (5120, 8192), "gate_up_32B": (51200, 5120),
-          "down_32B": (5120, 25600), "gate_up_8B": (24576, 4096), "down_8B": (4096, 12288)}
-
 
 METRICS = ("gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,"
            "sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,"
@@ -70,6 +67,7 @@ def configs(batch: int) -> list[tuple[str, KernelConfig | None]]:
                                variant=GLUON)),
             ("w12 gluon d2", K(bm=bm, bn=32, bk=256, split_k=1, warps=2, stages=2, dot=True,
                                variant=GLUON))]
+
 
 def main() -> None:
     ap = argparse.ArgumentParser()
