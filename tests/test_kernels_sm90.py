@@ -59,9 +59,9 @@ def _w12_builds():
         for b in BUCKETS:
             for cfg in w12_triton.w12_candidates(b):
                 if cfg.variant & w12_triton.GLUON:
-                    _, consts = w12_gluon.gluon_constants(k, kp, group_words(kp), cfg.bm,
-                                                          cfg.bn, cfg.bk, cfg.split_k,
-                                                          cfg.warps, cfg.stages)
+                    _, consts = w12_gluon.gluon_constants(
+                        k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
+                        cfg.stages, bool(cfg.variant & w12_triton.XPRE))
                     yield (w12_gluon.w12_gluon_kernel, consts, cfg.warps, 1,
                            f"w12 gluon K={k} b{b} {cfg.label}")
                     continue

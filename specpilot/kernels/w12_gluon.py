@@ -10,8 +10,9 @@ the second reading the weight words from L2). Each thread loads its words from g
 straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
 16-byte loads), the byte-permute decode writes the bf16 pairs the MMA takes, and x slices
 load from L1/L2 straight into B registers (16 bytes a load); weights never touch shared
-memory. The next one or two steps' words are loaded before this step's math (`DEPTH`): the
-loop body is unrolled DEPTH + 1 times so the buffers rotate without register copies, and
+memory. The next one or two steps' words are loaded before this step's math (`DEPTH`), and
+with `XPRE` (batch 2-8, depth 1) the next step's x slices with them: the loop body is
+unrolled DEPTH + 1 times so the buffers rotate without register copies, and
 loads are unmasked on aligned shapes (prefetches past a split's end re-read its last step;
 rows past M or N read valid rows whose results are never stored). Escapes and the row scale
 are applied per split as in the sliced Triton path; split-K partials are reduced by the last
@@ -80,18 +81,47 @@ def _xi(x_ptr, x_off, col, jx2, K, EVEN: gl.constexpr):
 
 
 @gluon.jit
-def _step(acc, cw, a0, a1, x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.constexpr):
-    """acc [BN, BM] += decode(words of step w) @ x^T[the 8 SW-column slices of step w]."""
-    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
+def _xs(x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.constexpr):
+    """The 8 x^T slices of the step at word w (weight i of its words: columns + i * GW)."""
     colb = w + 7 * (w // GW) * GW  # column of weight 0 of word w
-    acc = mma_v2(w0, _xi(x_ptr, x_off, colb, jx2, K, EVEN), acc)
-    acc = mma_v2(w1, _xi(x_ptr, x_off, colb + GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w2, _xi(x_ptr, x_off, colb + 2 * GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w3, _xi(x_ptr, x_off, colb + 3 * GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w4, _xi(x_ptr, x_off, colb + 4 * GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w5, _xi(x_ptr, x_off, colb + 5 * GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w6, _xi(x_ptr, x_off, colb + 6 * GW, jx2, K, EVEN), acc)
-    acc = mma_v2(w7, _xi(x_ptr, x_off, colb + 7 * GW, jx2, K, EVEN), acc)
+    return (_xi(x_ptr, x_off, colb, jx2, K, EVEN), _xi(x_ptr, x_off, colb + GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 2 * GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 3 * GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 4 * GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 5 * GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 6 * GW, jx2, K, EVEN),
+            _xi(x_ptr, x_off, colb + 7 * GW, jx2, K, EVEN))
+
+
+@gluon.jit
+def _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, w, GW: gl.constexpr, j2, jx2, KW, K,
+          EVEN: gl.constexpr, XPRE: gl.constexpr):
+    """One step's buffer: its word tiles, and with XPRE its x slices too (else 0: the step
+    loads them when it runs)."""
+    cw, a0, a1 = _words(c_ptr, a_ptr, c_off, a_off, w, GW, j2, KW, EVEN)
+    if XPRE:
+        return (cw, a0, a1, _xs(x_ptr, x_off, w, GW, jx2, K, EVEN))
+    else:
+        return (cw, a0, a1, 0)
+
+
+@gluon.jit
+def _step(acc, buf, x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.constexpr,
+          XPRE: gl.constexpr):
+    """acc [BN, BM] += decode(the buffer's words of step w) @ x^T[the step's 8 slices]."""
+    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(buf[0], buf[1], buf[2])
+    if XPRE:
+        xs = buf[3]
+    else:
+        xs = _xs(x_ptr, x_off, w, GW, jx2, K, EVEN)
+    acc = mma_v2(w0, xs[0], acc)
+    acc = mma_v2(w1, xs[1], acc)
+    acc = mma_v2(w2, xs[2], acc)
+    acc = mma_v2(w3, xs[3], acc)
+    acc = mma_v2(w4, xs[4], acc)
+    acc = mma_v2(w5, xs[5], acc)
+    acc = mma_v2(w6, xs[6], acc)
+    acc = mma_v2(w7, xs[7], acc)
     return acc
 
 
@@ -112,7 +142,7 @@ def w12_gluon_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
-    DEPTH: gl.constexpr,
+    DEPTH: gl.constexpr, XPRE: gl.constexpr = False,
 ):
     # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
     # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
@@ -139,38 +169,41 @@ def w12_gluon_kernel(
     jx2 = gl.expand_dims(ja, 1)
     x_off = gl.expand_dims(ma, 0) * stride_xm + jx2
 
-    # DEPTH + 1 word buffers rotate without register copies: the loop body is unrolled
-    # DEPTH + 1 times, and each buffer is reloaded (DEPTH + 1 steps ahead) right after its
-    # step's math. Loads past the split's last step re-read that step (never used).
+    # DEPTH + 1 buffers rotate without register copies: the loop body is unrolled DEPTH + 1
+    # times, and each buffer is reloaded (DEPTH + 1 steps ahead) right after its step's math.
+    # A buffer holds a step's words, and with XPRE its x slices too (their L1/L2 round trip
+    # then overlaps the step before instead of stalling this step's MMAs). Loads past the
+    # split's last step re-read that step (never used).
     acc = gl.zeros([BN, BM], gl.float32, mma)
     U: gl.constexpr = DEPTH + 1
     w_lo = pid_k * K_PER
     w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
     nsteps = (w_end - w_lo + SW - 1) // SW
     wl = gl.maximum(gl.minimum(w_lo + (nsteps - 1) * SW, KW - SW), 0)  # last step start
-    c0, p0, q0 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo, wl), GW, j2, KW, EVEN)
-    c1, p1, q1 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo + SW, wl), GW, j2, KW,
-                        EVEN)
+    b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo, wl), GW, j2, jx2, KW,
+               K, EVEN, XPRE)
+    b1 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + SW, wl), GW, j2, jx2,
+               KW, K, EVEN, XPRE)
     if DEPTH > 1:
-        c2, p2, q2 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo + 2 * SW, wl), GW, j2,
-                            KW, EVEN)
+        b2 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + 2 * SW, wl), GW,
+                   j2, jx2, KW, K, EVEN, XPRE)
     w_full = w_lo + (nsteps // U) * (U * SW)
     for w in range(w_lo, w_full, U * SW):
-        acc = _step(acc, c0, p0, q0, x_ptr, x_off, w, GW, jx2, K, EVEN)
-        c0, p0, q0 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + U * SW, wl), GW, j2,
-                            KW, EVEN)
-        acc = _step(acc, c1, p1, q1, x_ptr, x_off, w + SW, GW, jx2, K, EVEN)
-        c1, p1, q1 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + (U + 1) * SW, wl), GW,
-                            j2, KW, EVEN)
+        acc = _step(acc, b0, x_ptr, x_off, w, GW, jx2, K, EVEN, XPRE)
+        b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w + U * SW, wl), GW, j2,
+                   jx2, KW, K, EVEN, XPRE)
+        acc = _step(acc, b1, x_ptr, x_off, w + SW, GW, jx2, K, EVEN, XPRE)
+        b1 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w + (U + 1) * SW, wl), GW,
+                   j2, jx2, KW, K, EVEN, XPRE)
         if DEPTH > 1:
-            acc = _step(acc, c2, p2, q2, x_ptr, x_off, w + 2 * SW, GW, jx2, K, EVEN)
-            c2, p2, q2 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w + (U + 2) * SW, wl),
-                                GW, j2, KW, EVEN)
+            acc = _step(acc, b2, x_ptr, x_off, w + 2 * SW, GW, jx2, K, EVEN, XPRE)
+            b2 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w + (U + 2) * SW, wl),
+                       GW, j2, jx2, KW, K, EVEN, XPRE)
     # the last nsteps % U (< U <= 3) steps sit in buffers 0 and 1
     if w_full < w_end:
-        acc = _step(acc, c0, p0, q0, x_ptr, x_off, w_full, GW, jx2, K, EVEN)
+        acc = _step(acc, b0, x_ptr, x_off, w_full, GW, jx2, K, EVEN, XPRE)
     if w_full + SW < w_end:
-        acc = _step(acc, c1, p1, q1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN)
+        acc = _step(acc, b1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN, XPRE)
 
     _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
               cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH,
@@ -237,10 +270,10 @@ def _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y
 
 
 def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
-                    warps: int, depth: int) -> tuple[int, dict]:
+                    warps: int, depth: int, xpre: bool = False) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
-    (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program
-    and a K step of bk columns."""
+    (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program,
+    a K step of bk columns and (xpre) x slices loaded a step ahead with the words."""
     if bm not in (8, 16):
         raise ValueError(f"the Gluon W12 kernel takes 8 or 16 rows of x per program, got {bm}")
     if bn % (16 * warps):
@@ -252,17 +285,20 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
                          f"column group, got bk={bk}")
     if depth not in (1, 2):
         raise ValueError(f"the Gluon W12 kernel prefetches 1 or 2 steps, got {depth}")
+    if xpre and (bm != 8 or depth != 1):
+        raise ValueError(f"the Gluon W12 kernel prefetches x slices for 8 rows of x at depth "
+                         f"1 only (more spills registers), got bm={bm}, depth={depth}")
     kper, even = split_words(k, kp, sw, split_k)
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even,
-                  "ECH": 8, "WARPS": warps, "DEPTH": depth}
+                  "ECH": 8, "WARPS": warps, "DEPTH": depth, "XPRE": xpre}
 
 
 def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
-                     split_k: int, warps: int, depth: int) -> torch.Tensor:
+                     split_k: int, warps: int, depth: int, xpre: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows on a CUDA device, y allocated; rows
     in tiles of bm). Launched without PDL: the kernel reads x from its first instruction."""
     m, k = x.shape
-    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth)
+    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth, xpre)
     grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
     kw = w.kp // 8
