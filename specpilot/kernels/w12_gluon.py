@@ -15,8 +15,11 @@ with `XPRE` (batch 2-8, depth 1) the next step's x slices with them: the loop bo
 unrolled DEPTH + 1 times so the buffers rotate without register copies, and
 loads are unmasked on aligned shapes (prefetches past a split's end re-read its last step;
 rows past M or N read valid rows whose results are never stored). Escapes and the row scale
-are applied per split as in the sliced Triton path; split-K partials are reduced by the last
-program of a tile (`splitk.py`'s protocol). The tuner picks, per shape and batch, between
+are applied per split as in the sliced Triton path; with 8 rows of x (`ESC_EARLY`) the row
+bases and escape range are loaded first and the first escape chunk's table and x values
+during the last unrolled iteration, so the epilogue's dependent round trips do not all wait
+at the end. Split-K partials are reduced by the last program of a tile (`splitk.py`'s
+protocol). The tuner picks, per shape and batch, between
 this kernel and the Triton ones (`KernelConfig.variant` bit `GLUON`). Steps are 32-64 words
 of one column group (a 16-word step leaves the k_width-8 operand layout half empty and
 measured wrong in the first form of this kernel).
@@ -142,7 +145,7 @@ def w12_gluon_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
-    DEPTH: gl.constexpr, XPRE: gl.constexpr = False,
+    DEPTH: gl.constexpr, XPRE: gl.constexpr = False, ESC_EARLY: gl.constexpr = False,
 ):
     # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
     # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
@@ -176,6 +179,8 @@ def w12_gluon_kernel(
     # split's last step re-read that step (never used).
     acc = gl.zeros([BN, BM], gl.float32, mma)
     U: gl.constexpr = DEPTH + 1
+    if ESC_EARLY:  # row bases and escape range first, used after the loop
+        rows = _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS)
     w_lo = pid_k * K_PER
     w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
     nsteps = (w_end - w_lo + SW - 1) // SW
@@ -188,7 +193,11 @@ def w12_gluon_kernel(
         b2 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + 2 * SW, wl), GW,
                    j2, jx2, KW, K, EVEN, XPRE)
     w_full = w_lo + (nsteps // U) * (U * SW)
-    for w in range(w_lo, w_full, U * SW):
+    if ESC_EARLY:
+        w_main = gl.maximum(w_full - U * SW, w_lo)  # the last full iteration is peeled below
+    else:
+        w_main = w_full
+    for w in range(w_lo, w_main, U * SW):
         acc = _step(acc, b0, x_ptr, x_off, w, GW, jx2, K, EVEN, XPRE)
         b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w + U * SW, wl), GW, j2,
                    jx2, KW, K, EVEN, XPRE)
@@ -199,55 +208,123 @@ def w12_gluon_kernel(
             acc = _step(acc, b2, x_ptr, x_off, w + 2 * SW, GW, jx2, K, EVEN, XPRE)
             b2 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w + (U + 2) * SW, wl),
                        GW, j2, jx2, KW, K, EVEN, XPRE)
+    if ESC_EARLY:
+        # this split's first escape chunk: its table is loaded before the last full
+        # iteration and its x gathered inside it, so neither round trip waits at the end
+        t = _esc_table(rows[1] + pid_k * ECH, rows[2], erow_ptr, ecol_ptr, ebits_ptr, ECH,
+                       WARPS, True)
+        if w_main < w_full:
+            acc = _step(acc, b0, x_ptr, x_off, w_main, GW, jx2, K, EVEN, XPRE)
+            b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_main + U * SW, wl),
+                       GW, j2, jx2, KW, K, EVEN, XPRE)
+            xe = _esc_x(t, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS, True)
+            acc = _step(acc, b1, x_ptr, x_off, w_main + SW, GW, jx2, K, EVEN, XPRE)
+            b1 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off,
+                       gl.minimum(w_main + (U + 1) * SW, wl), GW, j2, jx2, KW, K, EVEN, XPRE)
+            if DEPTH > 1:
+                acc = _step(acc, b2, x_ptr, x_off, w_main + 2 * SW, GW, jx2, K, EVEN, XPRE)
+        else:
+            xe = _esc_x(t, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS, True)
     # the last nsteps % U (< U <= 3) steps sit in buffers 0 and 1
     if w_full < w_end:
         acc = _step(acc, b0, x_ptr, x_off, w_full, GW, jx2, K, EVEN, XPRE)
     if w_full + SW < w_end:
         acc = _step(acc, b1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN, XPRE)
+    if not ESC_EARLY:  # all after the loop (16 rows: the early form measured slower)
+        rows = _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS)
+        t = 0
+        xe = 0
+    _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M,
+              N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS,
+              ESC_EARLY)
 
-    _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
-              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH,
-              WARPS)
+
+@gluon.constexpr_function
+def _l3(ech, warps):
+    """The epilogue's [BM, BN, ECH] layout: weight rows over lanes and warps."""
+    return gl.BlockedLayout([1, 1, ech], [1, 32, 1], [1, warps, 1], [2, 1, 0])
+
+
+@gluon.constexpr_function
+def _lx(ech, warps, compact):
+    """The [BM, ECH] layout of escape x values: `_l3`'s slice (replicated over the lanes),
+    or a compact one for values held through the main loop (a few registers)."""
+    if compact:
+        return gl.BlockedLayout([1, 1], [32 // ech, ech], [warps, 1], [1, 0])
+    return gl.SliceLayout(1, _l3(ech, warps))
 
 
 @gluon.jit
-def _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
-              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM: gl.constexpr,
-              BN: gl.constexpr, SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr):
-    """y tile [BM, BN] from a split's accumulator acc [BN, BM] (any layout), in a blocked
-    layout: row scale 2^(base - E0), this split's escape chunks (chunk c of the tile's escape
-    list is done by split c % SPLIT_K), then the split-K reduction (`splitk.py`'s protocol)
-    and the store."""
-    l3: gl.constexpr = gl.BlockedLayout([1, 1, ECH], [1, 32, 1], [1, WARPS, 1], [2, 1, 0])
-    l2: gl.constexpr = gl.SliceLayout(2, l3)
-    lx: gl.constexpr = gl.SliceLayout(1, l3)
+def _rows(base_ptr, rowptr_ptr, N, n0, BN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr):
+    """(row bases [BN] in the epilogue's layout, the tile's escape range lo, hi): constant
+    data, loaded before the main loop so the epilogue does not wait for it."""
+    offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, _l3(ECH, WARPS))))
+    return (gl.load(base_ptr + offs_n % N), gl.load(rowptr_ptr + n0),
+            gl.load(rowptr_ptr + gl.minimum(n0 + BN, N)))
+
+
+@gluon.jit
+def _esc_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH: gl.constexpr, WARPS: gl.constexpr,
+               COMPACT: gl.constexpr):
+    """(rows, columns, bf16 bits) of escapes e0 .. min(e0 + ECH, hi) (rows -1 past hi)."""
+    e = e0 + gl.arange(0, ECH, layout=gl.SliceLayout(0, _lx(ECH, WARPS, COMPACT)))
+    em = e < hi
+    return (gl.load(erow_ptr + e, mask=em, other=-1), gl.load(ecol_ptr + e, mask=em, other=0),
+            gl.load(ebits_ptr + e, mask=em, other=0))
+
+
+@gluon.jit
+def _esc_x(t, x_ptr, stride_xm, M, pid_m, BM: gl.constexpr, ECH: gl.constexpr,
+           WARPS: gl.constexpr, COMPACT: gl.constexpr):
+    """x [BM, ECH] at the columns of escape table t (0 past M and for empty entries)."""
+    m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, _lx(ECH, WARPS, COMPACT)))
+    return gl.load(x_ptr + gl.expand_dims(m, 1) * stride_xm + gl.expand_dims(t[1], 0),
+                   mask=gl.expand_dims(m < M, 1) & gl.expand_dims(t[0] >= 0, 0), other=0.0)
+
+
+@gluon.jit
+def _esc_add(out, t, xv, n3, ph3, ECH: gl.constexpr, WARPS: gl.constexpr):
+    """out [BM, BN] += x * value - x * placeholder of each escape of table t (x values xv)
+    on its own (row, column); empty entries (row -1) drop out."""
+    l3: gl.constexpr = _l3(ECH, WARPS)
     le: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(1, l3))
+    r = gl.convert_layout(t[0], le)
+    v = gl.convert_layout((t[2].to(gl.int32) << 16).to(gl.float32, bitcast=True), le)
+    x3 = gl.expand_dims(gl.convert_layout(xv, gl.SliceLayout(1, l3)).to(gl.float32), 1)
+    d = x3 * gl.expand_dims(gl.expand_dims(v, 0), 1) - x3 * ph3
+    hit = n3 == gl.expand_dims(gl.expand_dims(r, 0), 1)
+    return out + gl.sum(gl.where(hit, d, 0.0), axis=2)
+
+
+@gluon.jit
+def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M,
+              N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM: gl.constexpr,
+              BN: gl.constexpr, SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
+              FIRST: gl.constexpr):
+    """y tile [BM, BN] from a split's accumulator acc [BN, BM] (any layout), in a blocked
+    layout: row scale 2^(base - E0) (bases and escape range `rows` from `_rows`), this
+    split's escape chunks (chunk c of the tile's escape list is done by split c % SPLIT_K;
+    with FIRST the first one's table t and x values xe loaded by the caller), then the split-K
+    reduction (`splitk.py`'s protocol) and the store."""
+    l2: gl.constexpr = gl.SliceLayout(2, _l3(ECH, WARPS))
     out = gl.convert_layout(gl.permute(acc, (1, 0)), l2)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, l2))
     offs_m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, l2))
-    base = gl.load(base_ptr + offs_n % N).to(gl.int32)
+    base = rows[0].to(gl.int32)
+    hi = rows[2]
     scale = ((base + (127 - 0x70)) << 23).to(gl.float32, bitcast=True)
     ph = (base << 23).to(gl.float32, bitcast=True)
     out = out * gl.expand_dims(scale, 0)
-    lo = gl.load(rowptr_ptr + n0)
-    hi = gl.load(rowptr_ptr + gl.minimum(n0 + BN, N))
-    mx = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, lx))
     n3 = gl.expand_dims(gl.expand_dims(offs_n, 0), 2)  # [1, BN, 1]
     ph3 = gl.expand_dims(gl.expand_dims(ph, 0), 2)
-    for e0 in range(lo + pid_k * ECH, hi, SPLIT_K * ECH):
-        e = e0 + gl.arange(0, ECH, layout=le)
-        em = e < hi
-        r = gl.load(erow_ptr + e, mask=em, other=-1)
-        col = gl.load(ecol_ptr + e, mask=em, other=0)
-        v = (gl.load(ebits_ptr + e, mask=em, other=0).to(gl.int32) << 16).to(gl.float32,
-                                                                            bitcast=True)
-        xv = gl.load(x_ptr + gl.expand_dims(mx, 1) * stride_xm + gl.expand_dims(col, 0),
-                     mask=gl.expand_dims(mx < M, 1) & gl.expand_dims(em, 0),
-                     other=0.0).to(gl.float32)  # [BM, ECH]
-        x3 = gl.expand_dims(xv, 1)  # [BM, 1, ECH]
-        t = x3 * gl.expand_dims(gl.expand_dims(v, 0), 1) - x3 * ph3
-        hit = n3 == gl.expand_dims(gl.expand_dims(r, 0), 1)
-        out += gl.sum(gl.where(hit, t, 0.0), axis=2)
+    e_next = rows[1] + pid_k * ECH
+    if FIRST:
+        out = _esc_add(out, t, xe, n3, ph3, ECH, WARPS)
+        e_next += SPLIT_K * ECH
+    for e0 in range(e_next, hi, SPLIT_K * ECH):
+        tc = _esc_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH, WARPS, FIRST)
+        out = _esc_add(out, tc, _esc_x(tc, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS, FIRST),
+                       n3, ph3, ECH, WARPS)
 
     loc = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, l2)), 1) * BN + \
         gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, l2)), 0)
@@ -290,7 +367,8 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
                          f"1 only (more spills registers), got bm={bm}, depth={depth}")
     kper, even = split_words(k, kp, sw, split_k)
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even,
-                  "ECH": 8, "WARPS": warps, "DEPTH": depth, "XPRE": xpre}
+                  "ECH": 8, "WARPS": warps, "DEPTH": depth, "XPRE": xpre,
+                  "ESC_EARLY": bm == 8}
 
 
 def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,

@@ -30,7 +30,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .splitk import workspace
 from .w12 import W12Weight
-from .w12_gluon import _barrier, _decode, _epilogue, _program_ids
+from .w12_gluon import _barrier, _decode, _epilogue, _program_ids, _rows
 from .w12_triton import split_words
 
 
@@ -104,9 +104,9 @@ def w12_wgmma_kernel(
     for p in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(p))
 
-    _epilogue(acc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
-              cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH,
-              WARPS)
+    _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), 0, 0, x_ptr, erow_ptr,
+              ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
+              pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, False)
 
 
 def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
