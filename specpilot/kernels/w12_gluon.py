@@ -145,7 +145,7 @@ def w12_gluon_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
-    DEPTH: gl.constexpr, XPRE: gl.constexpr = False, ESC_EARLY: gl.constexpr = False,
+    DEPTH: gl.constexpr, XPRE: gl.constexpr, ESC_EARLY: gl.constexpr,
 ):
     # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
     # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
@@ -257,7 +257,7 @@ def _lx(ech, warps, compact):
 @gluon.jit
 def _rows(base_ptr, rowptr_ptr, N, n0, BN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr):
     """(row bases [BN] in the epilogue's layout, the tile's escape range lo, hi): constant
-    data, loaded before the main loop so the epilogue does not wait for it."""
+    data, which the kernel loads before its main loop when ESC_EARLY (else after it)."""
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, gl.SliceLayout(2, _l3(ECH, WARPS))))
     return (gl.load(base_ptr + offs_n % N), gl.load(rowptr_ptr + n0),
             gl.load(rowptr_ptr + gl.minimum(n0 + BN, N)))
