@@ -130,8 +130,8 @@ def explore_candidates(b: int) -> list[KernelConfig]:
     per program, K steps 512-2048, 2-8 warps, 3-4 stages, 1-2 splits; for batch >= 2 the
     sliced tensor-core path in both orientations over tile widths 16-128, K steps 256-1024,
     2-8 warps; for batch 2-32 the Gluon kernel over 1-4 warps of 16 weight rows, 1-8 splits,
-    prefetch depth 1-2, and the TMA + wgmma kernel over 64/128 rows, K steps 128/256, 1-4
-    splits, rings of 2-8 steps (as many as 200 KB of shared memory holds)."""
+    prefetch depth 1-2, and the warp-specialized TMA + wgmma kernel over 64/128 rows, K steps
+    of 256, 1-4 splits, rings of 2-4 steps (as many as 200 KB of shared memory holds)."""
     K = KernelConfig
     cfgs = w12_candidates(b)
     if b <= 4:
@@ -162,7 +162,7 @@ def explore_candidates(b: int) -> list[KernelConfig]:
                  for w, s, d in itertools.product((1, 2, 4), (1, 2, 4, 8), (1, 2))]
         # the TMA + wgmma kernel: 64 or 128 weight rows, a ring of 2-8 steps
         bm = 8 if b <= 8 else 16 if b <= 16 else 32
-        for bn, bk, s, p in itertools.product((64, 128), (128, 256), (1, 2, 4), (2, 4, 6, 8)):
+        for bn, bk, s, p in itertools.product((64, 128), (256,), (1, 2, 4), (2, 3, 4)):
             if p * (3 * bn * bk // 2 + 2 * bm * bk) <= 200 * 1024:
                 cfgs.append(K(bm=bm, bn=bn, bk=bk, split_k=s, warps=bn // 16, stages=p,
                               dot=True, variant=WGMMA))

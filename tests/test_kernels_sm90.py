@@ -103,8 +103,8 @@ def test_every_tuning_config_compiles_for_sm90(builds):
 @pytest.mark.slow
 @pytest.mark.parametrize("bm,bn,bk,split,stages", [(8, 64, 256, 1, 2), (32, 128, 128, 3, 4)])
 def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
-    """The TMA + wgmma W12 kernel (explore-only) builds for sm_90: its tensor descriptors
-    are typed by their block shape and shared layout."""
+    """The warp-specialized TMA + wgmma W12 kernel (explore-only) builds for sm_90: its
+    tensor descriptors are typed by their block shape and shared layout."""
     from triton.experimental.gluon import language as gl
 
     _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages)
@@ -119,7 +119,9 @@ def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
     sig = {a: "constexpr" if a in consts else descs.get(a) or POINTERS.get(a, "i32")
            for a in names}
     k = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=consts),
-                       target=TARGET, options={"num_warps": bn // 16})
+                       target=TARGET, options={"num_warps": bn // 16,
+                                               "maxnreg": w12_wgmma.MAXNREG})
     ptx = k.asm["ptx"]
     assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
+    assert "setmaxnreg" in ptx  # the producer warp gives its registers to the consumers
     assert f"m64n{bm}k16" in ptx

@@ -224,9 +224,10 @@ def test_build_engine_linear_knobs_reach_the_draft_model(tmp_path, qwen3_draft_d
 
 @pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
 def test_wgmma_kernel_matches_reference(n, k):
-    """The TMA + wgmma kernel (explored by `w12_bench.py --explore`, not in the engine's
-    grid): ragged N and K (TMA zero-fills past the ends), split-K, rings of 2-4 steps,
-    escapes; a weight too narrow for its step is refused with a clear error."""
+    """The warp-specialized TMA + wgmma kernel (explored by `w12_bench.py --explore`, not in
+    the engine's grid): ragged N and K (TMA zero-fills past the ends), split-K (5 splits of
+    4096 columns leave one without a step: dropped), rings of 2-4 steps, escapes; a weight
+    too narrow for its step is refused with a clear error."""
     from specpilot.kernels.w12_triton import WGMMA, w12_matmul
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -234,7 +235,8 @@ def test_wgmma_kernel_matches_reference(n, k):
     w[0, 0], w[n - 1, 5], w[3, 7] = 40.0, 1e-30, -0.0
     p = fmt.pack(w)
     for b, bm in ((2, 8), (8, 8), (13, 16), (32, 32)):
-        for bn, bk, split, stages in ((64, 256, 1, 2), (128, 128, 3, 4), (64, 128, 2, 4)):
+        for bn, bk, split, stages in ((64, 256, 1, 2), (128, 128, 3, 4), (64, 128, 2, 4),
+                                      (64, 256, 5, 3)):
             cfg = KernelConfig(bm=bm, bn=bn, bk=bk, split_k=split, warps=bn // 16,
                                stages=stages, dot=True, variant=WGMMA)
             x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)

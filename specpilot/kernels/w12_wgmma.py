@@ -1,16 +1,19 @@
-"""W12 linear on Hopper's copy engine and warpgroup MMA (Gluon), batch 2-32.
+"""W12 linear on Hopper's copy engine and warpgroup MMA (Gluon), batch 2-32, warp-specialized.
 
 The register kernel (`w12_gluon.py`) keeps at most two steps of words in flight per warp,
-each load an instruction per thread. Here one warpgroup (4 warps, 64 weight rows) streams
-its words and x slices through a shared-memory ring of STAGES steps filled by TMA bulk
-copies (one thread issues 11 copies a step; an mbarrier per stage counts the bytes in), so
-the bytes in flight per SM are the ring's, not the registers'. A step's words (codes, A0,
-A1: [64, SW] each) are read from shared memory into wgmma's register A operand layout, the
-decode (`w12_gluon._decode`) writes the 8 bf16 tiles there, and each multiplies its x slice
-[BM, SW] read by the wgmma straight from shared memory (a transposed view: y^T = W x^T,
-batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
+each load an instruction per thread. Here a producer warp streams a program's words and x
+slices through a shared-memory ring of STAGES steps with TMA bulk copies (11 a step; a
+`ready` mbarrier per stage counts the bytes in, an `empty` one is released by the
+consumers), so the bytes in flight are the ring's, not the registers', and the consumers
+never issue a copy. The consumers, one warpgroup per 64 weight rows, read a step's words
+(codes, A0, A1: [64, SW] each) from shared memory into wgmma's register A operand layout,
+the decode (`w12_gluon._decode`) writes the 8 bf16 tiles there, and each multiplies its x
+slice [BM, SW] read by the wgmma straight from shared memory (a transposed view: y^T = W
+x^T, batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
 words past KW, x columns past K), so no load is masked. Escapes, the row scale and split-K
-go through the register kernel's epilogue.
+go through the register kernel's epilogue, run by the consumers. Explore-only: slower than
+the register kernel at batch 2-16, faster at 32 on some shapes, slower than bf16 there
+(docs/BENCHMARKS.md, ninth run).
 """
 
 from __future__ import annotations
@@ -30,63 +33,48 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .splitk import workspace
 from .w12 import W12Weight
-from .w12_gluon import _barrier, _decode, _epilogue, _program_ids, _rows
+from .w12_gluon import _decode, _epilogue, _program_ids, _rows
 from .w12_triton import split_words
 
 
 @gluon.jit
-def _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, s, w, n0, m0,
-           GW: gl.constexpr):
-    """TMA copies of step w's words and x slices into ring stage s."""
-    bar = bars.index(s)
-    mbarrier.expect(bar, 3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes)
-    wa = w + (w // GW) * GW
-    tma.async_copy_global_to_shared(c_desc, [n0, w], bar, c_s.index(s))
-    tma.async_copy_global_to_shared(a_desc, [n0, wa], bar, a0_s.index(s))
-    tma.async_copy_global_to_shared(a_desc, [n0, wa + GW], bar, a1_s.index(s))
-    colb = w + 7 * (w // GW) * GW
-    for i in gl.static_range(8):
-        tma.async_copy_global_to_shared(x_desc, [m0, colb + i * GW], bar, x_s.index(s * 8 + i))
+def _produce(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, nsteps, n0, m0,
+             GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: step t's words and x slices into stage t % STAGES by TMA, once the
+    consumers have released it (a fresh barrier counts as released)."""
+    for t in range(nsteps):
+        s = t % STAGES
+        mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
+        bar = ready.index(s)
+        mbarrier.expect(bar, 3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes)
+        w = w_lo + t * SW
+        wa = w + (w // GW) * GW
+        tma.async_copy_global_to_shared(c_desc, [n0, w], bar, c_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [n0, wa], bar, a0_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [n0, wa + GW], bar, a1_s.index(s))
+        colb = w + 7 * (w // GW) * GW
+        for i in gl.static_range(8):
+            tma.async_copy_global_to_shared(x_desc, [m0, colb + i * GW], bar,
+                                            x_s.index(s * 8 + i))
 
 
 @gluon.jit
-def w12_wgmma_kernel(
-    c_desc, a_desc, x_desc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr,
-    ws_ptr, cnt_ptr, M, N, KW, stride_xm, stride_ym, K_PER,
-    BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
-    SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-):
+def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr, erow_ptr,
+             ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
+             pid_k, tile, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
+             ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
+    """The consumer warps: per step, words from shared memory into wgmma's A layout, decode,
+    8 wgmma against the stage's x slices, release the stage; then the epilogue."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
-    n0 = pid_n * BN
-    m0 = pid_m * BM
-
-    c_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], c_desc.layout)
-    a0_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
-    a1_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
-    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES * 8, BM, SW], x_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for p in gl.static_range(STAGES):
-        mbarrier.init(bars.index(p), count=1)
-
-    w_lo = pid_k * K_PER
-    w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
-    nsteps = (w_end - w_lo + SW - 1) // SW
-    for p in gl.static_range(STAGES):
-        if p < nsteps:
-            _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, p, w_lo + p * SW, n0,
-                   m0, GW)
-
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     for t in range(nsteps):
-        s = t % STAGES  # the stage of step t
-        mbarrier.wait(bars.index(s), (t // STAGES) & 1)
-        cw = c_s.index(s).load(op_w)
-        a0 = a0_s.index(s).load(op_w)
-        a1 = a1_s.index(s).load(op_w)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(cw, a0, a1)
+        s = t % STAGES
+        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w),
+                                                 a0_s.index(s).load(op_w),
+                                                 a1_s.index(s).load(op_w))
         acc = warpgroup_mma(w0, x_s.index(s * 8).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma(w1, x_s.index(s * 8 + 1).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma(w2, x_s.index(s * 8 + 2).permute((1, 0)), acc, is_async=True)
@@ -96,17 +84,47 @@ def w12_wgmma_kernel(
         acc = warpgroup_mma(w6, x_s.index(s * 8 + 6).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma(w7, x_s.index(s * 8 + 7).permute((1, 0)), acc, is_async=True)
         acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-        _barrier()  # every warp is done with stage s: refill it
-        if t + STAGES < nsteps:
-            fence_async_shared()
-            _issue(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, bars, s,
-                   w_lo + (t + STAGES) * SW, n0, m0, GW)
-    for p in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(p))
-
+        fence_async_shared()  # this step's shared reads before the producer's next copy
+        mbarrier.arrive(empty.index(s), count=1)
     _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), 0, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
               pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, False)
+
+
+@gluon.jit
+def w12_wgmma_kernel(
+    c_desc, a_desc, x_desc, x_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr,
+    ws_ptr, cnt_ptr, M, N, KW, stride_xm, stride_ym, K_PER,
+    BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
+    SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+):
+    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
+    n0 = pid_n * BN
+    c_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], c_desc.layout)
+    a0_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
+    a1_s = gl.allocate_shared_memory(gl.int32, [STAGES, BN, SW], a_desc.layout)
+    x_s = gl.allocate_shared_memory(x_desc.dtype, [STAGES * 8, BM, SW], x_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for p in gl.static_range(STAGES):
+        mbarrier.init(ready.index(p), count=1)
+        mbarrier.init(empty.index(p), count=1)
+    w_lo = pid_k * K_PER
+    nsteps = (gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo) - w_lo + SW - 1) // SW
+    gl.warp_specialize([
+        (_consume, (c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr,
+                    erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm,
+                    stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, STAGES)),
+        (_produce, (c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, nsteps,
+                    n0, pid_m * BM, GW, SW, STAGES)),
+    ], [1], [24])
+
+
+# Registers a thread at launch, so that two programs (a consumer warpgroup of 64 rows + the
+# producer's warpgroup) share an SM; the consumers take 232 back from the producer's 24.
+# Without the cap one program fits an SM, and the capped config was the fastest of every
+# (shape, batch 16 and 32) of the benchmark (docs/BENCHMARKS.md, ninth run).
+MAXNREG = 128
 
 
 def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
@@ -122,7 +140,9 @@ def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
         raise ValueError(f"the wgmma W12 kernel steps 16..{gw} words (a power of two) of one "
                          f"column group, got bk={bk}")
     kper, _ = split_words(kp, kp, sw, split_k)  # TMA zero-fills: no EVEN variant
-    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "ECH": 8,
+    return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw,
+                  "SPLIT_K": -(-(kp // 8) // kper),  # splits left with no step are dropped
+                  "ECH": 4 if bm == 32 else 8,  # [32, BN, 8] escape temporaries spill
                   "WARPS": bn // 16, "STAGES": stages}
 
 
@@ -140,9 +160,10 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     c_desc = TensorDescriptor.from_tensor(w.codes.view(torch.int32).view(w.n, kw), [bn, sw], wl)
     a_desc = TensorDescriptor.from_tensor(w.a.view(torch.int32).view(w.n, 2 * kw), [bn, sw], wl)
     x_desc = TensorDescriptor.from_tensor(x, [bm, sw], xl)
-    grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
+    grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), consts["SPLIT_K"])
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
     w12_wgmma_kernel[grid](
         c_desc, a_desc, x_desc, x, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
-        ws, cnt, m, w.n, kw, x.stride(0), y.stride(0), kper, num_warps=bn // 16, **consts)
+        ws, cnt, m, w.n, kw, x.stride(0), y.stride(0), kper, num_warps=bn // 16,
+        maxnreg=MAXNREG, **consts)
     return y
