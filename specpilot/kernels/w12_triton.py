@@ -540,9 +540,10 @@ def w12_linear_kernel(
 
 
 # (bn, split_k, warps, prefetch depth) of the Gluon kernel's configs (16 weight rows a warp:
-# 32 a warp spills at depth 1 and 2)
-GLUON_GRID = [(16, 1, 1, 1), (16, 2, 1, 1), (16, 4, 1, 1), (16, 1, 1, 2), (16, 2, 1, 2),
-              (32, 2, 2, 1), (64, 4, 4, 1)]
+# 32 a warp spills at depth 1 and 2). 3 splits: 320 tiles of 16 rows x 3 fill the H200's
+# 132 SMs x 8 one-warp programs once (one wave, no tail)
+GLUON_GRID = [(16, 1, 1, 1), (16, 2, 1, 1), (16, 3, 1, 1), (16, 4, 1, 1), (16, 1, 1, 2),
+              (16, 2, 1, 2), (32, 2, 2, 1), (64, 4, 4, 1)]
 
 
 def w12_candidates(b: int) -> list[KernelConfig]:
@@ -577,10 +578,10 @@ def w12_candidates(b: int) -> list[KernelConfig]:
                    dot=True, variant=GLUON) for bn, s, w, p in GLUON_GRID]
     elif b > 16:  # two 16-row x tiles side by side (the second reads the words from L2)
         cfgs += [K(bm=16, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
-                   variant=GLUON) for s in (1, 2, 4, 8)]
+                   variant=GLUON) for s in (1, 2, 3, 4, 8)]
     if 2 <= b <= 8:  # the Gluon kernel with x slices prefetched too (one warp, depth 1)
         cfgs += [K(bm=8, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
-                   variant=GLUON | XPRE) for s in (1, 2, 4)]
+                   variant=GLUON | XPRE) for s in (1, 2, 3, 4)]
     return cfgs
 
 
