@@ -45,7 +45,7 @@ def _unique(builds):
     second)."""
     seen, out = set(), []
     for kernel, consts, warps, stages, label in builds:
-        code = {**consts, "SPLIT_K": consts["SPLIT_K"] > 1}
+        code = {**consts, "SPLIT_K": consts.get("SPLIT_K", 1) > 1}
         key = (kernel.fn.__name__, tuple(sorted(code.items())), warps)
         if key not in seen:
             seen.add(key)
@@ -58,6 +58,13 @@ def _w12_builds():
         kp = -(-k // 128) * 128
         for b in BUCKETS:
             for cfg in w12_triton.w12_candidates(b):
+                if cfg.variant & w12_triton.SK:
+                    consts = w12_gluon.sk_constants(
+                        k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.warps, cfg.stages,
+                        bool(cfg.variant & w12_triton.XPRE))
+                    yield (w12_gluon.w12_gluon_sk_kernel, consts, cfg.warps, 1,
+                           f"w12 gluon stream-K K={k} b{b} {cfg.label}")
+                    continue
                 if cfg.variant & w12_triton.GLUON:
                     _, consts = w12_gluon.gluon_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,

@@ -223,3 +223,30 @@ def test_gluon_x_prefetch_refuses_configs_that_spill(bm, depth):
     assert consts["XPRE"] is True and consts["BM"] == 8
     with pytest.raises(ValueError, match="prefetches x slices for 8 rows of x at depth 1"):
         gluon_constants(4096, 4096, 64, bm, 16, 256, 1, 1, depth, True)
+
+
+@pytest.mark.parametrize("tiles,steps,programs", [
+    (320, 32, 1056), (640, 20, 1056), (1536, 16, 1056), (3200, 20, 1056), (3, 16, 5),
+    (7, 3, 100), (5, 7, 33), (1, 1, 8)])
+def test_stream_k_plan_partitions_units_and_bounds_pieces(tiles, steps, programs):
+    """The stream-K launch: programs take contiguous, non-empty runs of the tiles x steps
+    units; the kernel's closed forms for the first and last program of a tile agree with
+    walking the runs, and no tile has more pieces than the plan's partial slots."""
+    from specpilot.kernels.w12_gluon import stream_k_plan
+
+    t, s, units, p, slots = stream_k_plan(tiles * 16, 8, steps * 32, 8, 16, 32, programs)
+    assert (t, s, units, p) == (tiles, steps, tiles * steps, min(programs, tiles * steps))
+    owners = [[] for _ in range(tiles)]
+    covered = 0
+    for q in range(p):
+        lo, hi = q * units // p, (q + 1) * units // p
+        assert hi > lo and lo == covered
+        covered = hi
+        for tile in range(lo // s, (hi + s - 1) // s):
+            owners[tile].append(q)
+    assert covered == units
+    for tile, own in enumerate(owners):
+        assert own[0] == ((tile * s + 1) * p - 1) // units
+        assert own[-1] == ((tile + 1) * s * p - 1) // units
+        assert own == list(range(own[0], own[-1] + 1))
+    assert max(map(len, owners)) <= slots

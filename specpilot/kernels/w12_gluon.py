@@ -19,13 +19,17 @@ are applied per split as in the sliced Triton path; with 8 rows of x (`ESC_EARLY
 bases and escape range are loaded first and the first escape chunk's table and x values
 during the last unrolled iteration, so the epilogue's dependent round trips do not all wait
 at the end. Split-K partials are reduced by the last program of a tile (`splitk.py`'s
-protocol). The tuner picks, per shape and batch, between
-this kernel and the Triton ones (`KernelConfig.variant` bit `GLUON`). Steps are 32-64 words
-of one column group (a 16-word step leaves the k_width-8 operand layout half empty and
-measured wrong in the first form of this kernel).
+protocol). The stream-K launch (`w12_gluon_sk_kernel`) runs the same tile code over
+pieces: as many programs as stay resident share the tiles x steps units evenly, each
+tile's pieces reduced in program order (deterministic, like split-K). The tuner picks, per
+shape and batch, between this kernel and the Triton ones (`KernelConfig.variant` bit
+`GLUON`). Steps are 32-64 words of one column group (a 16-word step leaves the k_width-8
+operand layout half empty and measured wrong in the first form of this kernel).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import triton
@@ -147,6 +151,49 @@ def w12_gluon_kernel(
     SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
     DEPTH: gl.constexpr, XPRE: gl.constexpr, ESC_EARLY: gl.constexpr,
 ):
+    """One (tile, split) per program: split pid_k takes words [pid_k * K_PER, + K_PER)."""
+    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
+    _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+          cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, tile, pid_n, pid_m,
+          pid_k, K_PER, K_PER, pid_k, SPLIT_K, SPLIT_K, BM, BN, SW, GW, EVEN, ECH, WARPS, DEPTH,
+          XPRE, ESC_EARLY)
+
+
+@gluon.jit
+def w12_gluon_sk_kernel(
+    x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+    cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, S, UNITS, SLOTS,
+    BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
+    EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
+    XPRE: gl.constexpr, ESC_EARLY: gl.constexpr,
+):
+    """Stream-K: the UNITS = tiles x S steps (S steps of SW words a tile) split evenly over
+    the programs, program p taking units [p * UNITS // P, (p + 1) * UNITS // P) across tile
+    boundaries; each tile's pieces are its splits, reduced in program order (`_epilogue`)."""
+    p = gl.program_id(0)
+    P = gl.num_programs(0)
+    lo = p * UNITS // P
+    hi = (p + 1) * UNITS // P
+    mt = (M + BM - 1) // BM
+    for t in range(lo // S, (hi + S - 1) // S):
+        a = gl.maximum(lo - t * S, 0)
+        first = ((t * S + 1) * P - 1) // UNITS  # the program holding the tile's first step
+        last = ((t + 1) * S * P - 1) // UNITS  # ... and its last
+        _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr,
+              ws_ptr, cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, t, t // mt,
+              t % mt, a, SW, (gl.minimum(hi - t * S, S) - a) * SW, p - first,
+              last - first + 1, SLOTS, BM, BN, SW, GW, EVEN, ECH, WARPS, DEPTH, XPRE, ESC_EARLY)
+
+
+@gluon.jit
+def _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
+          cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, tile, pid_n, pid_m,
+          i0, mult, kper, pid_k, nsplit, slots, BM: gl.constexpr, BN: gl.constexpr,
+          SW: gl.constexpr, GW: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr,
+          WARPS: gl.constexpr, DEPTH: gl.constexpr, XPRE: gl.constexpr,
+          ESC_EARLY: gl.constexpr):
+    """Words [i0 * mult, + kper) of weight tile pid_n x x tile pid_m (clipped to KW), as split
+    pid_k of the tile's nsplit (partials in ws slots tile * slots + split)."""
     # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
     # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
     # rows per MMA: batch 2-8 pads to 8, not 16). k_width 8: each thread holds 8 consecutive
@@ -157,7 +204,6 @@ def w12_gluon_kernel(
                                                   instr_shape=[16, 8])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
     op_x: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma, k_width=8)
-    tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     n0 = pid_n * BN
     # A operand tiles [BN, SW]: element (n, j) is word w + j of weight row n0 + n
     nb = gl.arange(0, BN, layout=gl.SliceLayout(1, op_w))
@@ -181,8 +227,8 @@ def w12_gluon_kernel(
     U: gl.constexpr = DEPTH + 1
     if ESC_EARLY:  # row bases and escape range first, used after the loop
         rows = _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS)
-    w_lo = pid_k * K_PER
-    w_end = gl.maximum(gl.minimum(w_lo + K_PER, KW), w_lo)
+    w_lo = i0 * mult
+    w_end = gl.maximum(gl.minimum(w_lo + kper, KW), w_lo)
     nsteps = (w_end - w_lo + SW - 1) // SW
     wl = gl.maximum(gl.minimum(w_lo + (nsteps - 1) * SW, KW - SW), 0)  # last step start
     b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo, wl), GW, j2, jx2, KW,
@@ -235,8 +281,8 @@ def w12_gluon_kernel(
         t = 0
         xe = 0
     _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M,
-              N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS,
-              ESC_EARLY)
+              N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM, BN, nsplit, slots, ECH,
+              WARPS, ESC_EARLY)
 
 
 @gluon.constexpr_function
@@ -299,13 +345,15 @@ def _esc_add(out, t, xv, n3, ph3, ECH: gl.constexpr, WARPS: gl.constexpr):
 @gluon.jit
 def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M,
               N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM: gl.constexpr,
-              BN: gl.constexpr, SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
+              BN: gl.constexpr, nsplit, slots, ECH: gl.constexpr, WARPS: gl.constexpr,
               FIRST: gl.constexpr):
-    """y tile [BM, BN] from a split's accumulator acc [BN, BM] (any layout), in a blocked
-    layout: row scale 2^(base - E0) (bases and escape range `rows` from `_rows`), this
-    split's escape chunks (chunk c of the tile's escape list is done by split c % SPLIT_K;
-    with FIRST the first one's table t and x values xe loaded by the caller), then the split-K
-    reduction (`splitk.py`'s protocol) and the store."""
+    """y tile [BM, BN] from split pid_k's accumulator acc [BN, BM] (any layout) of the
+    tile's nsplit splits, in a blocked layout: row scale 2^(base - E0) (bases and escape range
+    `rows` from `_rows`), this split's escape chunks (chunk c of the tile's escape list is
+    done by split c % nsplit; with FIRST the first one's table t and x values xe loaded by the
+    caller), then the split-K reduction (`splitk.py`'s protocol; the tile's partials in slots
+    tile * slots + 0 .. nsplit - 1, summed in that order) and the store. nsplit and slots
+    are constexprs (SPLIT_K) or, in the stream-K kernel, run-time values."""
     l2: gl.constexpr = gl.SliceLayout(2, _l3(ECH, WARPS))
     out = gl.convert_layout(gl.permute(acc, (1, 0)), l2)
     offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, l2))
@@ -320,25 +368,25 @@ def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_
     e_next = rows[1] + pid_k * ECH
     if FIRST:
         out = _esc_add(out, t, xe, n3, ph3, ECH, WARPS)
-        e_next += SPLIT_K * ECH
-    for e0 in range(e_next, hi, SPLIT_K * ECH):
+        e_next += nsplit * ECH
+    for e0 in range(e_next, hi, nsplit * ECH):
         tc = _esc_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH, WARPS, FIRST)
         out = _esc_add(out, tc, _esc_x(tc, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS, FIRST),
                        n3, ph3, ECH, WARPS)
 
     loc = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, l2)), 1) * BN + \
         gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, l2)), 0)
-    finish = True
-    if SPLIT_K > 1:
-        gl.store(ws_ptr + (tile * SPLIT_K + pid_k) * BM * BN + loc, out)
+    finish = nsplit < 2
+    if nsplit > 1:
+        gl.store(ws_ptr + (tile * slots + pid_k) * BM * BN + loc, out)
         _barrier()
         done = gl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        finish = done == SPLIT_K - 1
+        finish = done == nsplit - 1
     if finish:
-        if SPLIT_K > 1:
+        if nsplit > 1:
             out = gl.zeros([BM, BN], gl.float32, l2)
-            for s in range(SPLIT_K):
-                out += gl.load(ws_ptr + (tile * SPLIT_K + s) * BM * BN + loc,
+            for s in range(nsplit):
+                out += gl.load(ws_ptr + (tile * slots + s) * BM * BN + loc,
                                cache_modifier=".cg")
             gl.atomic_xchg(cnt_ptr + tile, 0)
         y_ptrs = y_ptr + gl.expand_dims(offs_m, 1) * stride_ym + gl.expand_dims(offs_n, 0)
@@ -384,4 +432,51 @@ def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
         w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
         y.stride(0), kper, num_warps=warps, **consts)
+    return y
+
+
+def sk_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, warps: int, depth: int,
+                 xpre: bool = False) -> dict:
+    """The stream-K kernel's constexprs: `gluon_constants`' less the split count; EVEN when x
+    has no padded columns (every unit is a whole step of real words)."""
+    _, consts = gluon_constants(k, kp, gw, bm, bn, bk, 1, warps, depth, xpre)
+    del consts["SPLIT_K"]
+    consts["EVEN"] = k == kp
+    return consts
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def stream_k_plan(n: int, m: int, kw: int, bm: int, bn: int, sw: int,
+                  programs: int) -> tuple[int, int, int, int, int]:
+    """(tiles, steps a tile, units, programs, partial slots a tile) of a stream-K launch:
+    units = tiles x steps spread over at most `programs` programs; a tile is covered by at
+    most ceil(steps / units-per-program) + 1 of them, its partial slots."""
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    steps = kw // sw
+    units = tiles * steps
+    p = max(1, min(programs, units))
+    return tiles, steps, units, p, -(-steps // (units // p)) + 1
+
+
+def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int,
+                        bk: int, per_sm: int, warps: int, depth: int,
+                        xpre: bool = False) -> torch.Tensor:
+    """`w12_gluon_matmul` in stream-K form: per_sm programs an SM (as many as stay resident:
+    8 one-warp programs at 246-254 registers) share the (tile, step) units evenly, so no
+    wave of programs is left part-full."""
+    m, k = x.shape
+    consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre)
+    kw = w.kp // 8
+    tiles, steps, units, p, slots = stream_k_plan(
+        w.n, m, kw, bm, bn, consts["SW"], per_sm * _sm_count(torch.cuda.current_device() if x.device.index is None
+                                         else x.device.index))
+    ws, cnt = workspace(x.device, tiles * slots * bm * bn, tiles)
+    w12_gluon_sk_kernel[(p,)](
+        x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        y.stride(0), steps, units, slots, num_warps=warps, **consts)
     return y

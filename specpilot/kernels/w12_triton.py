@@ -24,10 +24,11 @@ into one [BN, BK] tile and permutes x to match (a shared-memory round trip per s
 plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
 sliced tensor-core path, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
 straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
-CUDA only; bit 8, `XPRE`, loads x slices a step ahead too), bit 7 (`WGMMA`) = the TMA +
-wgmma kernel of `w12_wgmma.py` (explored by `w12_bench.py --explore`, not in the engine's
-grid: slower so far; bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring
-steps). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
+CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
+stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
+the TMA + wgmma kernel of `w12_wgmma.py` (explored by `w12_bench.py --explore`, not in the
+engine's grid: slower so far; bm 8/16/32, bn 64 or 128 weight rows, `stages` =
+shared-memory ring steps). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs
 are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
 
@@ -46,6 +47,7 @@ from .w12 import W12Weight
 GLUON = 64  # `KernelConfig.variant` bit of the W12 Gluon kernel
 WGMMA = 128  # ... and of the W12 TMA + wgmma kernel (`w12_wgmma.py`)
 XPRE = 256  # with GLUON: x slices loaded a step ahead with the words (batch 2-8, depth 1)
+SK = 512  # with GLUON: stream-K (`split_k` = programs an SM, sharing the (tile, step) units)
 
 
 @dataclass(frozen=True)
@@ -582,6 +584,9 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if 2 <= b <= 8:  # the Gluon kernel with x slices prefetched too (one warp, depth 1)
         cfgs += [K(bm=8, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
                    variant=GLUON | XPRE) for s in (1, 2, 3, 4)]
+    if 8 < b <= 16:  # the Gluon kernel stream-K: 8 one-warp programs an SM (all resident)
+        cfgs.append(K(bm=16, bn=16, bk=256, split_k=8, warps=1, stages=1, dot=True,
+                      variant=GLUON | SK))
     return cfgs
 
 
@@ -658,10 +663,11 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
             from .w12_wgmma import w12_wgmma_matmul
 
             return w12_wgmma_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.stages)
-        from .w12_gluon import w12_gluon_matmul
+        from .w12_gluon import w12_gluon_matmul, w12_gluon_sk_matmul
 
-        return w12_gluon_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
-                                cfg.stages, bool(cfg.variant & XPRE))
+        run = w12_gluon_sk_matmul if cfg.variant & SK else w12_gluon_matmul
+        return run(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps, cfg.stages,
+                   bool(cfg.variant & XPRE))
     grid = launch_grid(m, w.n, cfg)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * grid[2] * cfg.bm * cfg.bn,
                         grid[0] * grid[2])

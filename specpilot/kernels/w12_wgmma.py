@@ -88,7 +88,7 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
         mbarrier.arrive(empty.index(s), count=1)
     _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), 0, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
-              pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, False)
+              pid_k, tile, BM, BN, SPLIT_K, SPLIT_K, ECH, WARPS, False)
 
 
 @gluon.jit
