@@ -12,7 +12,7 @@ slice [BM, SW] read by the wgmma straight from shared memory (a transposed view:
 x^T, batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
 words past KW, x columns past K), so no load is masked. Escapes, the row scale and split-K
 go through the register kernel's epilogue, run by the consumers. Explore-only: slower than
-the register kernel at batch 2-16, faster at 32 on some shapes, slower than bf16 there
+the register kernel at batch 8 and 16, faster at 32 on some shapes, slower than bf16 there
 (docs/BENCHMARKS.md, ninth run).
 """
 
