@@ -160,7 +160,7 @@ def explore_candidates(b: int) -> list[KernelConfig]:
         cfgs += [K(bm=8 if b <= 8 else 16, bn=16 * w, bk=256, split_k=s, warps=w, stages=d,
                    dot=True, variant=GLUON)
                  for w, s, d in itertools.product((1, 2, 4), (1, 2, 4, 8), (1, 2))]
-        # the TMA + wgmma kernel: 64 or 128 weight rows, a ring of 2-8 steps
+        # the warp-specialized TMA + wgmma kernel: 64 or 128 weight rows, a ring of 2-4 steps
         bm = 8 if b <= 8 else 16 if b <= 16 else 32
         for bn, bk, s, p in itertools.product((64, 128), (256,), (1, 2, 4), (2, 3, 4)):
             if p * (3 * bn * bk // 2 + 2 * bm * bk) <= 200 * 1024:
