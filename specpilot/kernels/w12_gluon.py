@@ -447,6 +447,7 @@ def sk_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, warps: int
 
 @functools.cache
 def _sm_count(index: int) -> int:
+    """SMs of CUDA device `index` (a CUDA tensor's device always carries its index)."""
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -472,8 +473,7 @@ def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int,
     consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre)
     kw = w.kp // 8
     tiles, steps, units, p, slots = stream_k_plan(
-        w.n, m, kw, bm, bn, consts["SW"], per_sm * _sm_count(torch.cuda.current_device() if x.device.index is None
-                                         else x.device.index))
+        w.n, m, kw, bm, bn, consts["SW"], per_sm * _sm_count(x.device.index))
     ws, cnt = workspace(x.device, tiles * slots * bm * bn, tiles)
     w12_gluon_sk_kernel[(p,)](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
