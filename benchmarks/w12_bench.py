@@ -26,6 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchmarks.stream_read import read_us
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.gemv_bf16 import bf16_matmul
 from specpilot.kernels.tuning import (
@@ -43,6 +44,7 @@ from specpilot.kernels.tuning import (
 )
 from specpilot.kernels.w12_triton import (
     GLUON,
+    PIPE,
     WGMMA,
     KernelConfig,
     w12_candidates,
@@ -141,6 +143,12 @@ def explore_candidates(b: int) -> list[KernelConfig]:
                 if not ((w == 8 and bk * bn < 8192) or (w < 8 and bk * bn >= 32768) or (
                         w == 2 and bk * bn > 8192)):
                     cfgs.append(K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, stages=p))
+    if b == 1:  # the GEMV with its loop pipelined through shared memory, 2-4 stages
+        for (bn, bk, w), s, p in itertools.product(
+                [(4, 512, 2), (4, 1024, 4), (8, 256, 2), (8, 512, 4), (8, 1024, 4), (8, 1024, 8),
+                 (16, 256, 2), (16, 512, 4), (16, 512, 8), (16, 1024, 8), (32, 256, 4),
+                 (32, 512, 8)], (1, 2), (2, 3, 4)):
+            cfgs.append(K(bm=1, bn=bn, bk=bk, split_k=s, warps=w, stages=p, variant=1 | PIPE))
     if b >= 2:
         bm = 32 if b > 16 else 16
         grid = [  # (bn, bk, split_k, warps, stages, variant): 5 = x W^T, 7 = W x^T (wgmma)
@@ -240,6 +248,9 @@ def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
                        for _ in range(nrot - 1)]
     info = {"shape": name, "n": n, "k": k, "bits_per_weight": packed.bits_per_weight,
             "escape_rate": packed.escape_rate, "unpack_exact": exact, "rotations": nrot}
+    # the size-dependent ceiling: a plain read of the same bytes (launch and tail included)
+    info["read_w12_us"], _ = read_us(packed.nbytes)
+    info["read_bf16_us"], _ = read_us(n * k * 2)
     log(json.dumps(info))
     rows, records = [], []
     for b in batches:
@@ -265,6 +276,8 @@ def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
                    bw.config).label if bw else None,
                "bf16_tbps": max((r.tbps for r in (bc, bt) if r), default=None),
                "n_failed_configs": len(wrong)}
+        if bw:
+            row["w12_vs_read"] = info["read_w12_us"] / bw.median_us
         if bw and bc:
             best_bf16 = min(r.median_us for r in (bc, bt) if r)
             row["vs_best_bf16"] = best_bf16 / bw.median_us
@@ -408,15 +421,18 @@ def print_table(res: dict) -> None:
           f"PTX decode == plain decode: {res.get('asm_equals_plain')}")
     for s in res["shapes"]:
         print(f"  {s['shape']}: {s['bits_per_weight']:.3f} bits/w, escapes "
-              f"{s['escape_rate']:.1e}, unpack exact {s['unpack_exact']}, {s['rotations']} copies")
+              f"{s['escape_rate']:.1e}, unpack exact {s['unpack_exact']}, {s['rotations']} copies"
+              f", plain read of the W12 / bf16 bytes {s['read_w12_us']:.1f} / "
+              f"{s['read_bf16_us']:.1f} us")
     hdr = (f"{'shape':12} {'B':>3} {'cuBLAS':>8} {'tri-bf16':>8} {'W12':>8} {'W12TB/s':>7} "
-           f"{'%4.57':>5} {'vsBest':>6} {'vsCuBL':>6} {'bad':>3}  config")
+           f"{'%4.57':>5} {'%read':>5} {'vsBest':>6} {'vsCuBL':>6} {'bad':>3}  config")
     print(hdr)
     for r in res["rows"]:
         f = (lambda v, p=1: f"{v:8.{p}f}" if v is not None else "       -")
         print(f"{r['shape']:12} {r['batch']:>3} {f(r['cublas_us'])} {f(r['tbf16_us'])} "
               f"{f(r['w12_us'])} {f(r['w12_tbps'], 2)[1:]} "
               f"{100 * (r['w12_tbps'] or 0) / READ_BOUND_TBPS:5.0f} "
+              f"{100 * r.get('w12_vs_read', 0):5.0f} "
               f"{r.get('vs_best_bf16', 0):6.3f} {r.get('vs_cublas', 0):6.3f} "
               f"{r['n_failed_configs']:>3}  {r['w12_cfg']}")
     b1 = [r["vs_cublas"] for r in res["rows"] if r["batch"] == 1 and "vs_cublas" in r]

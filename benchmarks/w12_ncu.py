@@ -23,6 +23,8 @@ import torch
 
 from benchmarks.w12_bench import SHAPES
 from specpilot.kernels import w12 as fmt
+from specpilot.kernels.gemv_bf16 import bf16_matmul
+from specpilot.kernels.tuning import load_table
 from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_matmul
 
 METRICS = ("gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,"
@@ -54,11 +56,15 @@ def report(path: str) -> None:
               " ".join(f"{k}={v:.2f}" for k, v in stalls[:4]))
 
 
-def configs(batch: int) -> list[tuple[str, KernelConfig | None]]:
-    """(label, config) pairs: None = cuBLAS bf16."""
+def configs(batch: int, n: int, k: int) -> list[tuple[str, KernelConfig | None]]:
+    """(label, config) pairs: None = cuBLAS bf16, a label starting "bf16" = SpecPilot's
+    Triton bf16 kernel. Batch 1: the shipped H200 table's bf16 and W12 picks."""
     K = KernelConfig
     if batch == 1:
-        return [("cublas", None), ("w12 gemv", K(bm=1, bn=16, bk=512, warps=4, stages=3))]
+        table = load_table(torch.cuda.get_device_name())
+        return [("cublas", None),
+                ("bf16 gemv", table.lookup("bf16", n, k, 1) or K(bn=4, bk=1024, warps=4)),
+                ("w12 gemv", table.lookup("w12", n, k, 1) or K(bn=16, bk=512, warps=4))]
     bm = 8 if batch <= 8 else 16
     return [("cublas", None),
             ("w12 dot5", K(bm=16, bn=32, bk=512, split_k=1, warps=4, stages=2, dot=True,
@@ -91,9 +97,13 @@ def main() -> None:
         w12 = fmt.pack(w)
         x = torch.randn(a.batch, k, device="cuda", generator=g).to(torch.bfloat16)
         ref = x.float() @ w.float().T
-        for label, c in configs(a.batch):
-            def f(c=c, w=w, w12=w12, x=x):
-                return torch.mm(x, w.T) if c is None else w12_matmul(x, w12, c)
+        for label, c in configs(a.batch, n, k):
+            is_bf16 = label.startswith("bf16")
+
+            def f(c=c, w=w, w12=w12, x=x, bf=is_bf16):
+                if c is None:
+                    return torch.mm(x, w.T)
+                return bf16_matmul(x, w, c) if bf else w12_matmul(x, w12, c)
             err = ((f().float() - ref).norm() / ref.norm()).item()  # compiles outside range
             runs.append((f"{s} b{a.batch} {label}", f, err))
     torch.cuda.synchronize()

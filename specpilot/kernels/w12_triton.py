@@ -22,7 +22,10 @@ into one [BN, BK] tile and permutes x to match (a shared-memory round trip per s
 
 `KernelConfig.variant` for W12: bit 0 = PTX byte-permute decode (else the same bit math in
 plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T), bit 2 =
-sliced tensor-core path, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
+sliced tensor-core path, bit 4 (`PIPE`) = the GEMV's K loop software-pipelined through
+shared memory, `stages` deep (cp.async; without it the loop, which has no dot, is left
+unpipelined whatever the launch's `num_stages`: each step waits a full memory round
+trip), bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
 straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
 CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
 stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
@@ -49,6 +52,7 @@ GLUON = 64  # `KernelConfig.variant` bit of the W12 Gluon kernel
 WGMMA = 128  # ... and of the W12 TMA + wgmma kernel (`w12_wgmma.py`)
 XPRE = 256  # with GLUON: x slices loaded a step ahead with the words (batch 2-8, depth 1)
 SK = 512  # with GLUON: stream-K (`split_k` = programs an SM, sharing the (tile, step) units)
+PIPE = 16  # the GEMV's loop pipelined through shared memory, `stages` deep (`LOOP_STAGES`)
 
 
 @dataclass(frozen=True)
@@ -337,7 +341,7 @@ def w12_linear_kernel(
     BM: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr, GW: tl.constexpr,
     SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN: tl.constexpr,
     USE_ASM: tl.constexpr, SWAP: tl.constexpr, ECH: tl.constexpr, SLICED: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None,
 ):
     # Words are indexed per row by w = 0 .. KW - 1 (KW = Kp / 8, the code words); word w of
     # group q = w // GW describes columns q * 8GW + i * GW + w % GW, i = 0..7. A step takes
@@ -414,7 +418,9 @@ def w12_linear_kernel(
                + tl.arange(0, 8)[None, None, :, None] * GW
                + tl.arange(0, GS)[None, None, None, :])
     pdl.enter(PDL)
-    for w in range(w_lo, tl.minimum(w_lo + K_PER, KW), SW):
+    # LOOP_STAGES (the GEMV with PIPE): this loop's own pipelining depth; None leaves the
+    # loop to the launch's num_stages (which pipelines only loads that feed a dot)
+    for w in tl.range(w_lo, tl.minimum(w_lo + K_PER, KW), SW, num_stages=LOOP_STAGES):
         q0 = w // GW
         # steps start at multiples of SW >= 16 words and GW >= 16: tell the compiler, so the
         # word and x loads are 16-byte vectors
@@ -564,6 +570,9 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
+        # the loop pipelined through shared memory (3 stages): wins on some small shapes
+        cfgs += [K(bm=1, bn=bn, bk=bk, warps=w, variant=1 | PIPE)
+                 for bn, bk, w in ((4, 512, 2), (8, 1024, 4))]
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
     dots = {16: [(32, 512, 1, 4, 2, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
@@ -641,7 +650,7 @@ def kernel_constants(k: int, kp: int, gw: int, cfg: KernelConfig, f32_dot: bool 
         "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN": even,
         "USE_ASM": bool(cfg.variant & 1) and not interpreting(), "SWAP": bool(cfg.variant & 2),
         "ECH": escape_chunk(cfg.bm, cfg.bn), "SLICED": cfg.dot and bool(cfg.variant & 4),
-        "PDL": use_pdl}
+        "PDL": use_pdl, "LOOP_STAGES": cfg.stages if cfg.variant & PIPE and not cfg.dot else None}
 
 
 def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tensor | None = None,
