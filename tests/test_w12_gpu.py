@@ -8,7 +8,7 @@ import torch
 
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import candidate_configs
-from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_candidates
+from specpilot.kernels.w12_triton import GLUON, PIPE, KernelConfig, w12_candidates
 
 pytestmark = pytest.mark.gpu
 
@@ -25,7 +25,8 @@ def test_fused_kernels_match_reference(n, k):
     p = fmt.pack(w)
     for b in (1, 2, 3, 4, 8, 16, 32):
         runs = [(w12_matmul, p, c) for c in w12_candidates(b if b != 3 else 4)]
-        runs += [(bf16_matmul, w, c) for c in candidate_configs(b if b != 3 else 4)[:4]]
+        bf16_grid = candidate_configs(b if b != 3 else 4)  # the first 4, and every PIPE one
+        runs += [(bf16_matmul, w, c) for i, c in enumerate(bf16_grid) if i < 4 or c.variant & PIPE]
         for fn, arg, cfg in runs:
             x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
             ref = x.float() @ w.float().T

@@ -25,7 +25,7 @@ from torch import nn
 from . import pdl
 from .splitk import k_per_split, reduce_partials, store_partial_and_count, workspace
 from .tuning import BUCKETS, TunedTable, bucket, load_table
-from .w12_triton import KernelConfig, launch_grid
+from .w12_triton import PIPE, KernelConfig, launch_grid
 
 
 @triton.jit
@@ -33,7 +33,7 @@ def bf16_linear_kernel(
     x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_w, stride_xm, stride_ym, K_PER,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, SPLIT_K: tl.constexpr,
     USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN_K: tl.constexpr, VARIANT: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -48,7 +48,8 @@ def bf16_linear_kernel(
     pdl.enter(PDL)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc3 = tl.zeros((BM, BN, BK), dtype=tl.float32)  # GEMV VARIANT 1 only
-    for k0 in range(k_lo, tl.minimum(k_lo + K_PER, K), BK):
+    # LOOP_STAGES (PIPE, as in the W12 GEMV): this loop's own pipelining depth
+    for k0 in tl.range(k_lo, tl.minimum(k_lo + K_PER, K), BK, num_stages=LOOP_STAGES):
         if EVEN_K:
             w = tl.load(w_ptr + w_off + k0, eviction_policy="evict_first")
         else:
@@ -121,7 +122,8 @@ def kernel_constants(k: int, cfg: KernelConfig, f32_dot: bool = False,
     even = k % cfg.bk == 0 and kper * cfg.split_k == k
     return kper, {"BM": cfg.bm, "BN": cfg.bn, "BK": cfg.bk, "SPLIT_K": cfg.split_k,
                   "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN_K": even,
-                  "VARIANT": cfg.variant, "PDL": use_pdl}
+                  "VARIANT": cfg.variant & ~PIPE, "PDL": use_pdl,
+                  "LOOP_STAGES": cfg.stages if cfg.variant & PIPE and not cfg.dot else None}
 
 
 # -- the engine's linear backend: the Triton kernel where the tuned table says it wins -------

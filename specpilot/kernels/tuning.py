@@ -23,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .w12_triton import KernelConfig
+from .w12_triton import PIPE, KernelConfig
 
 BUCKETS = (1, 2, 4, 8, 16, 32)
 READ_BOUND_TBPS = 4.57  # measured read-only streaming limit of the H200 (shared/measurements)
@@ -137,6 +137,9 @@ def candidate_configs(bucket_m: int) -> list[KernelConfig]:
                 (8, 1024, 1, 8), (4, 512, 2, 4), (8, 256, 2, 4), (32, 256, 1, 8)]
         cfgs = [K(bm=bucket_m, bn=bn, bk=bk, split_k=s, warps=w) for bn, bk, s, w in grid]
         cfgs += [K(bm=bucket_m, bn=4, bk=1024, variant=0), K(bm=bucket_m, bn=8, bk=512, variant=0)]
+        if bucket_m == 1:  # the loop pipelined through shared memory (as the W12 GEMV's PIPE)
+            cfgs += [K(bm=1, bn=4, bk=1024, variant=v | PIPE) for v in (0, 1)]
+            cfgs.append(K(bm=1, bn=8, bk=512, variant=1 | PIPE))
         if bucket_m >= 2:
             cfgs += [K(bm=16, bn=32, bk=128, dot=True), K(bm=16, bn=64, bk=128, dot=True)]
         return cfgs
