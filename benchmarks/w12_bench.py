@@ -149,6 +149,10 @@ def explore_candidates(b: int) -> list[KernelConfig]:
                  (16, 256, 2), (16, 512, 4), (16, 512, 8), (16, 1024, 8), (32, 256, 4),
                  (32, 512, 8)], (1, 2), (2, 3, 4)):
             cfgs.append(K(bm=1, bn=bn, bk=bk, split_k=s, warps=w, stages=p, variant=1 | PIPE))
+    elif b <= 4:  # ... and with 2-4 rows of x
+        for (bn, bk, w), s in itertools.product(
+                [(4, 512, 2), (8, 512, 4), (8, 1024, 4), (16, 256, 2), (16, 512, 4)], (1, 2)):
+            cfgs.append(K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1 | PIPE))
     if b >= 2:
         bm = 32 if b > 16 else 16
         grid = [  # (bn, bk, split_k, warps, stages, variant): 5 = x W^T, 7 = W x^T (wgmma)

@@ -570,8 +570,8 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
-        # the loop pipelined through shared memory (3 stages): wins on some small shapes
-        cfgs += [K(bm=1, bn=bn, bk=bk, warps=w, variant=1 | PIPE)
+    if b <= 2:  # the loop pipelined through shared memory (3 stages): wins on some shapes
+        cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, variant=1 | PIPE)
                  for bn, bk, w in ((4, 512, 2), (8, 1024, 4))]
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
