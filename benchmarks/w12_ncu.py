@@ -30,14 +30,18 @@ from specpilot.kernels.w12_triton import GLUON, KernelConfig, w12_matmul
 METRICS = ("gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,"
            "sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,"
            "smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed.sum,"
-           "l1tex__t_bytes.sum,launch__grid_size,"
+           "l1tex__t_bytes.sum,launch__grid_size,lts__t_bytes.sum,"
+           "lts__throughput.avg.pct_of_peak_sustained_elapsed,"
+           "l1tex__t_sector_hit_rate.pct,"
            r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
 SHORT = {"gpu__time_duration.sum": "ns", "sm__inst_executed.sum": "inst",
          "dram__throughput.avg.pct_of_peak_sustained_elapsed": "dram%",
          "sm__warps_active.avg.pct_of_peak_sustained_active": "occupancy%",
          "launch__registers_per_thread": "regs", "l1tex__t_bytes.sum": "L1 bytes",
          "smsp__issue_active.avg.pct_of_peak_sustained_active": "issue%",
-         "launch__grid_size": "grid"}
+         "launch__grid_size": "grid", "lts__t_bytes.sum": "L2 bytes",
+         "lts__throughput.avg.pct_of_peak_sustained_elapsed": "L2%",
+         "l1tex__t_sector_hit_rate.pct": "L1 hit%"}
 STALL = "smsp__average_warps_issue_stalled_"
 
 
@@ -58,7 +62,8 @@ def report(path: str) -> None:
 
 def configs(batch: int, n: int, k: int) -> list[tuple[str, KernelConfig | None]]:
     """(label, config) pairs: None = cuBLAS bf16, a label starting "bf16" = SpecPilot's
-    Triton bf16 kernel. Batch 1: the shipped H200 table's bf16 and W12 picks."""
+    Triton bf16 kernel. The shipped H200 table's bf16 and W12 picks (at batch > 1 also three
+    fixed W12 tensor-core configs, one of each form)."""
     K = KernelConfig
     if batch == 1:
         table = load_table(torch.cuda.get_device_name())
@@ -66,7 +71,10 @@ def configs(batch: int, n: int, k: int) -> list[tuple[str, KernelConfig | None]]
                 ("bf16 gemv", table.lookup("bf16", n, k, 1) or K(bn=4, bk=1024, warps=4)),
                 ("w12 gemv", table.lookup("w12", n, k, 1) or K(bn=16, bk=512, warps=4))]
     bm = 8 if batch <= 8 else 16
-    return [("cublas", None),
+    table = load_table(torch.cuda.get_device_name())
+    picks = [(f"{kind} pick", c) for kind in ("bf16", "w12")
+             if (c := table.lookup(kind, n, k, batch)) is not None]
+    return [("cublas", None), *picks,
             ("w12 dot5", K(bm=16, bn=32, bk=512, split_k=1, warps=4, stages=2, dot=True,
                            variant=5)),
             ("w12 gluon d1", K(bm=bm, bn=64, bk=256, split_k=2, warps=4, stages=1, dot=True,

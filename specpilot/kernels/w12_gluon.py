@@ -5,8 +5,9 @@ layouts, and the word tiles reach the MMA only through shared memory (cp.async s
 layout conversion of the decoded tile) that also holds x slices every warp re-reads. Here the
 layouts are explicit. The product is computed transposed, y^T = W x^T: the weights are the
 A operand of mma.sync m16n8k16 (16 weight rows per warp), x^T the B operand (8 batch rows
-per MMA: batch 2-8 pads to 8, 9-16 to 16, 17-32 runs two 16-row tiles of x side by side,
-the second reading the weight words from L2). Each thread loads its words from global memory
+per MMA: batch 2-8 pads to 8, 9-16 to 16, 17-32 runs either two 16-row tiles of x side by
+side, the second reading the weight words from L2, or all 32 rows in one program, which
+decodes the words once at the price of a few spilled registers). Each thread loads its words from global memory
 straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
 16-byte loads), the byte-permute decode writes the bf16 pairs the MMA takes, and x slices
 load from L1/L2 straight into B registers (16 bytes a load); weights never touch shared
@@ -399,8 +400,9 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
     """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
     (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program,
     a K step of bk columns and (xpre) x slices loaded a step ahead with the words."""
-    if bm not in (8, 16):
-        raise ValueError(f"the Gluon W12 kernel takes 8 or 16 rows of x per program, got {bm}")
+    if bm not in (8, 16, 32):
+        raise ValueError(f"the Gluon W12 kernel takes 8, 16 or 32 rows of x per program, "
+                         f"got {bm}")
     if bn % (16 * warps):
         raise ValueError(f"the Gluon W12 kernel gives each warp 16k weight rows: bn={bn} "
                          f"does not split over {warps} warps")

@@ -588,9 +588,12 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if 2 <= b <= 16:  # the Gluon kernel, 8 or 16 rows of x; stages = steps prefetched
         cfgs += [K(bm=8 if b <= 8 else 16, bn=bn, bk=256, split_k=s, warps=w, stages=p,
                    dot=True, variant=GLUON) for bn, s, w, p in GLUON_GRID]
-    elif b > 16:  # two 16-row x tiles side by side (the second reads the words from L2)
+    elif b > 16:  # two 16-row x tiles side by side (the second reads the words from L2),
+        # or the 32 rows in one program (the words decoded once; wins on some shapes)
         cfgs += [K(bm=16, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
                    variant=GLUON) for s in (1, 2, 3, 4, 8)]
+        cfgs += [K(bm=32, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
+                   variant=GLUON) for s in (2, 3)]
     if 2 <= b <= 8:  # the Gluon kernel with x slices prefetched too (one warp, depth 1)
         cfgs += [K(bm=8, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
                    variant=GLUON | XPRE) for s in (1, 2, 3, 4)]
