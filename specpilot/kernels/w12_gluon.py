@@ -7,8 +7,8 @@ layouts are explicit. The product is computed transposed, y^T = W x^T: the weigh
 A operand of mma.sync m16n8k16 (16 weight rows per warp), x^T the B operand (8 batch rows
 per MMA: batch 2-8 pads to 8, 9-16 to 16, 17-32 runs either two 16-row tiles of x side by
 side, the second reading the weight words from L2, or all 32 rows in one program, which
-decodes the words once at the price of a few spilled registers). Each thread loads its words from global memory
-straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
+decodes the words once; the tuner picks per shape). Each thread loads its words from global
+memory straight into A operand registers (`DotOperandLayout(0)`, k_width 8: eight consecutive words,
 16-byte loads), the byte-permute decode writes the bf16 pairs the MMA takes, and x slices
 load from L1/L2 straight into B registers (16 bytes a load); weights never touch shared
 memory. The next one or two steps' words are loaded before this step's math (`DEPTH`), and
