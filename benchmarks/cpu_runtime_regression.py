@@ -35,7 +35,8 @@ RUNTIME = ("specpilot/runtime", "specpilot/kernels")
 def old_runtime(rev: str, into: Path) -> Path:
     tar = subprocess.run(["git", "archive", rev, *RUNTIME], cwd=ROOT, capture_output=True,
                          check=True).stdout
-    tarfile.open(fileobj=io.BytesIO(tar)).extractall(into, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(tar)) as t:
+        t.extractall(into, filter="data")
     return into
 
 

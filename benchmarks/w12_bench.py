@@ -22,6 +22,7 @@ import json
 import math
 import os
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -348,7 +349,7 @@ def decode_step(table: TunedTable, log) -> dict:
     logits = {}
     for kind in ("cublas", "best_bf16", "w12"):
         logits[kind] = step(kind).float()
-        ms = sorted(graph_timer(lambda: step(kind), 1, reps=30))[15] / 1e3
+        ms = sorted(graph_timer(lambda k=kind: step(k), 1, reps=30))[15] / 1e3
         out[kind] = {"ms": ms, "tok_s": 1e3 / ms}
         log(json.dumps({kind: out[kind]}))
     ref = logits["cublas"]
@@ -376,11 +377,12 @@ def main() -> None:
                     help="past 75%% of this, tune only 2 configs; past it, skip the step")
     args = ap.parse_args()
     out_dir = os.environ.get("OUT", ".")
-    logf = open(os.path.join(out_dir, "w12_bench.log"), "w")
+    log_path = Path(out_dir) / "w12_bench.log"
+    log_path.write_text("")
 
     def log(s: str) -> None:
-        logf.write(s + "\n")
-        logf.flush()
+        with log_path.open("a") as f:
+            f.write(s + "\n")
 
     t0 = time.time()
     dev = torch.cuda.get_device_name()
@@ -411,7 +413,7 @@ def main() -> None:
     if not args.no_step and time.time() - t0 < args.budget_s:
         try:
             res["decode_step_8B_b1"] = decode_step(table, log)
-        except Exception as e:  # report, keep the kernel table
+        except Exception as e:  # noqa: BLE001 (report it, keep the kernel table)
             res["decode_step_8B_b1"] = {"error": f"{type(e).__name__}: {e}"[:300]}
     res["seconds"] = time.time() - t0
     with open(os.path.join(out_dir, "w12_bench.json"), "w") as f:

@@ -9,9 +9,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import pytest  # noqa: E402
+import pytest
 
-from tests.checkpoints import make_checkpoint  # noqa: E402
+from tests.checkpoints import make_checkpoint
 
 
 def pytest_configure(config):

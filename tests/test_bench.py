@@ -117,7 +117,7 @@ def test_cli_bench_engine_dir_with_overlay(qwen3_dir, workload_file, tmp_path):
 def test_local_runner_builds_for_its_batch_sizes(monkeypatch, qwen3_dir):
     """The engine is built for every batch size the runner will time (W12 layers are
     chosen where they win at all of them: `factory.step_rows`)."""
-    import specpilot.runtime.factory as factory
+    from specpilot.runtime import factory
 
     seen = []
     real = factory.build_engine

@@ -15,39 +15,39 @@ import pytest
 from tests.interpret import interpreted
 
 CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
-    (24, 200, 1, dict(bm=1, bn=8, bk=128)),
-    (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2)),
-    (16, 256, 2, dict(bm=2, bn=4, bk=256, split_k=1)),
-    (40, 384, 5, dict(bm=16, bn=16, bk=128, dot=True)),
-    (40, 640, 7, dict(bm=16, bn=32, bk=256, split_k=2, dot=True)),
-    (8, 1000, 1, dict(bm=1, bn=8, bk=256, split_k=4)),
-    (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2, variant=0)),
-    (40, 130, 9, dict(bm=16, bn=32, bk=128, split_k=2, dot=True)),
-    (24, 2048, 2, dict(bm=2, bn=8, bk=1024, split_k=2)),  # 64-word groups, two per step
-    (64, 1024, 11, dict(bm=16, bn=32, bk=512, dot=True, variant=3)),  # W x^T orientation
-    (16, 1536, 4, dict(bm=16, bn=16, bk=1024, split_k=2, dot=True, variant=2)),  # uneven split
-    (16, 2048, 1, dict(bm=1, bn=8, bk=128, split_k=3)),  # steps of 16 words inside a group
-    (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=3)),
-    (8, 1000, 2, dict(bm=2, bn=8, bk=256, split_k=3)),  # the last split has no K step
+    (24, 200, 1, {"bm": 1, "bn": 8, "bk": 128}),
+    (24, 200, 3, {"bm": 4, "bn": 8, "bk": 128, "split_k": 2}),
+    (16, 256, 2, {"bm": 2, "bn": 4, "bk": 256, "split_k": 1}),
+    (40, 384, 5, {"bm": 16, "bn": 16, "bk": 128, "dot": True}),
+    (40, 640, 7, {"bm": 16, "bn": 32, "bk": 256, "split_k": 2, "dot": True}),
+    (8, 1000, 1, {"bm": 1, "bn": 8, "bk": 256, "split_k": 4}),
+    (24, 200, 3, {"bm": 4, "bn": 8, "bk": 128, "split_k": 2, "variant": 0}),
+    (40, 130, 9, {"bm": 16, "bn": 32, "bk": 128, "split_k": 2, "dot": True}),
+    (24, 2048, 2, {"bm": 2, "bn": 8, "bk": 1024, "split_k": 2}),  # 64-word groups, two per step
+    (64, 1024, 11, {"bm": 16, "bn": 32, "bk": 512, "dot": True, "variant": 3}),  # W x^T orientation
+    (16, 1536, 4, {"bm": 16, "bn": 16, "bk": 1024, "split_k": 2, "dot": True, "variant": 2}),  # uneven split
+    (16, 2048, 1, {"bm": 1, "bn": 8, "bk": 128, "split_k": 3}),  # steps of 16 words inside a group
+    (32, 1536, 9, {"bm": 16, "bn": 32, "bk": 256, "split_k": 2, "dot": True, "variant": 3}),
+    (8, 1000, 2, {"bm": 2, "bn": 8, "bk": 256, "split_k": 3}),  # the last split has no K step
     # sliced tensor-core path (variant bit 2): one dot per weight index on contiguous slices
-    (40, 384, 5, dict(bm=16, bn=16, bk=128, dot=True, variant=4)),  # x W^T, 16-word slices
-    (40, 130, 9, dict(bm=16, bn=32, bk=128, split_k=2, dot=True, variant=6)),  # ragged K
-    (32, 1536, 9, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=6)),  # W x^T
-    (16, 1536, 4, dict(bm=16, bn=16, bk=1024, split_k=2, dot=True, variant=6)),  # 2 groups/step
-    (24, 200, 2, dict(bm=16, bn=16, bk=256, split_k=3, dot=True, variant=4)),  # empty split
+    (40, 384, 5, {"bm": 16, "bn": 16, "bk": 128, "dot": True, "variant": 4}),  # x W^T, 16-word slices
+    (40, 130, 9, {"bm": 16, "bn": 32, "bk": 128, "split_k": 2, "dot": True, "variant": 6}),  # ragged K
+    (32, 1536, 9, {"bm": 16, "bn": 32, "bk": 256, "split_k": 2, "dot": True, "variant": 6}),  # W x^T
+    (16, 1536, 4, {"bm": 16, "bn": 16, "bk": 1024, "split_k": 2, "dot": True, "variant": 6}),  # 2 groups/step
+    (24, 200, 2, {"bm": 16, "bn": 16, "bk": 256, "split_k": 3, "dot": True, "variant": 4}),  # empty split
     # several row tiles (the last one partial) with split-K
-    (24, 200, 5, dict(bm=1, bn=8, bk=128, split_k=2)),
-    (24, 200, 6, dict(bm=4, bn=8, bk=128, split_k=3)),
-    (40, 640, 37, dict(bm=16, bn=32, bk=256, split_k=2, dot=True, variant=4)),
+    (24, 200, 5, {"bm": 1, "bn": 8, "bk": 128, "split_k": 2}),
+    (24, 200, 6, {"bm": 4, "bn": 8, "bk": 128, "split_k": 3}),
+    (40, 640, 37, {"bm": 16, "bn": 32, "bk": 256, "split_k": 2, "dot": True, "variant": 4}),
     # the GEMV pipelined through shared memory (variant bit 4, PIPE): 2-4 stages, ragged
     # K, uneven and empty splits, two groups a step, several rows of x
-    (24, 200, 1, dict(bm=1, bn=8, bk=128, variant=16)),
-    (40, 384, 1, dict(bm=1, bn=16, bk=128, variant=16)),
-    (8, 1000, 1, dict(bm=1, bn=8, bk=256, split_k=4, stages=4, variant=16)),
-    (16, 2048, 1, dict(bm=1, bn=8, bk=128, split_k=3, stages=2, variant=16)),
-    (24, 2048, 1, dict(bm=1, bn=8, bk=1024, variant=16)),
-    (24, 200, 5, dict(bm=1, bn=8, bk=128, split_k=2, variant=16)),
-    (24, 200, 3, dict(bm=4, bn=8, bk=128, split_k=2, variant=17)),
+    (24, 200, 1, {"bm": 1, "bn": 8, "bk": 128, "variant": 16}),
+    (40, 384, 1, {"bm": 1, "bn": 16, "bk": 128, "variant": 16}),
+    (8, 1000, 1, {"bm": 1, "bn": 8, "bk": 256, "split_k": 4, "stages": 4, "variant": 16}),
+    (16, 2048, 1, {"bm": 1, "bn": 8, "bk": 128, "split_k": 3, "stages": 2, "variant": 16}),
+    (24, 2048, 1, {"bm": 1, "bn": 8, "bk": 1024, "variant": 16}),
+    (24, 200, 5, {"bm": 1, "bn": 8, "bk": 128, "split_k": 2, "variant": 16}),
+    (24, 200, 3, {"bm": 4, "bn": 8, "bk": 128, "split_k": 2, "variant": 17}),
 ]
 
 

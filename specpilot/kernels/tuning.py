@@ -17,9 +17,9 @@ import json
 import os
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -106,8 +106,9 @@ def tune(shape: tuple[int, int], batch: int, configs: list[KernelConfig], timer:
                 err = max(err, rel_error(out, problem.reference(x)))
             x = problem.make_x(checks)
             out = torch.empty(batch, n, dtype=x.dtype, device=x.device)
-            times = timer(lambda: problem.call(cfg, x, out), problem.rotations)
-        except Exception as e:  # a config that does not compile or launch is recorded, not fatal
+            times = timer(lambda c=cfg, x=x, o=out: problem.call(c, x, o), problem.rotations)
+        # a config that does not compile or launch is recorded, not fatal
+        except Exception as e:  # noqa: BLE001
             records.append(TuningRecord(problem.kernel, n, k, batch, cfg.to_dict(), float("inf"),
                                         0.0, problem.nbytes, 0.0, 0.0, False, float("inf"),
                                         f"{type(e).__name__}: {str(e)[:120]}"))
@@ -203,7 +204,7 @@ class TunedTable:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "TunedTable":
+    def load(cls, path: str | Path) -> TunedTable:
         d = json.loads(Path(path).read_text())
         return cls(device=d["device"], entries=dict(d.get("entries", {})))
 
