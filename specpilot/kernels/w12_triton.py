@@ -621,8 +621,10 @@ def launch_grid(m: int, n: int, cfg: KernelConfig) -> tuple[int, int, int]:
 
 
 def escape_chunk(bm: int, bn: int) -> int:
-    """Escapes handled per vector step of the epilogue (a [bm, bn, chunk] temporary)."""
-    return max(4, min(32, triton.next_power_of_2(max(1, 1024 // (bm * bn)))))
+    """Escapes handled per vector step of the epilogue (a [bm, bn, chunk] temporary): at
+    most 16 (a tile holds ~8 escapes at the usual 1e-4 rate; 16 measured 0.4-1.1% faster than
+    32 on the batch-1 GEMV, docs/BENCHMARKS.md eleventh run)."""
+    return max(4, min(16, triton.next_power_of_2(max(1, 1024 // (bm * bn)))))
 
 
 def step_words(gw: int, bk: int) -> tuple[int, int]:
