@@ -65,13 +65,12 @@ def configs(batch: int, n: int, k: int) -> list[tuple[str, KernelConfig | None]]
     Triton bf16 kernel. The shipped H200 table's bf16 and W12 picks (at batch > 1 also three
     fixed W12 tensor-core configs, one of each form)."""
     K = KernelConfig
+    table = load_table(torch.cuda.get_device_name())
     if batch == 1:
-        table = load_table(torch.cuda.get_device_name())
         return [("cublas", None),
                 ("bf16 gemv", table.lookup("bf16", n, k, 1) or K(bn=4, bk=1024, warps=4)),
                 ("w12 gemv", table.lookup("w12", n, k, 1) or K(bn=16, bk=512, warps=4))]
     bm = 8 if batch <= 8 else 16
-    table = load_table(torch.cuda.get_device_name())
     picks = [(f"{kind} pick", c) for kind in ("bf16", "w12")
              if (c := table.lookup(kind, n, k, batch)) is not None]
     return [("cublas", None), *picks,
