@@ -1,7 +1,7 @@
 """End to end: AR decode with bf16 cuBLAS, bf16 + the Triton GEMV backend, and W12 weights,
 on one random-weight model in one device call (run from the repo root):
 
-    PYTHONPATH=. python3 benchmarks/w12_e2e.py [--preset 8b] [--batches 1,8] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/w12_e2e.py [--preset 8b] [--batches 1,8] [--kernels] [--out DIR]
     .venv/bin/python benchmarks/w12_e2e.py --smoke     # CPU, tiny model: exercises the code
 
 For each batch size: tokens/s of the engine (CUDA graphs, fused projections) with
@@ -10,6 +10,9 @@ For each batch size: tokens/s of the engine (CUDA graphs, fused projections) wit
 - `gemv`:   `apply_gemv` (knob gemv = "auto") with the device's tuned table, extended here by
             tuning the model's linear shapes the table lacks at batch 1 (`--tune`);
 - `w12`:    `apply_w12(min_gain=0)`: every eligible linear in W12 form, whatever it costs.
+
+With `--kernels` every engine also runs the fused Triton norm/RoPE+cache/silu kernels and the
+Triton attention kernel (the engine's GPU defaults; PDL is on either way).
 
 Every engine's greedy output is checked by tie-aware token forcing against the bf16 model
 (no cache, one row at a time; margin = 2 x the stock model's own cached-vs-uncached logit
@@ -114,10 +117,18 @@ def logit_diffs(model, stock, rows: list[list[int]], tail: int = 16) -> dict:
 
 
 @torch.inference_mode()
-def measure(model, batches: list[int], n_new: int, plen: int, name: str) -> dict:
-    """tok/s and outputs per batch size with the engine as the model is now."""
+def measure(model, batches: list[int], n_new: int, plen: int, name: str,
+            kernels: bool = False) -> dict:
+    """tok/s and outputs per batch size with the engine as the model is now; with
+    `kernels`, the engine's other GPU defaults too (the fused Triton norm/RoPE+cache/silu
+    kernels and the Triton attention kernel), switched off again afterwards so that the
+    logit comparisons run the same torch ops on every model."""
     res = {}
     V = model.cfg.vocab_size
+    if kernels:
+        on = model.set_fused_kernels(True), model.set_attention_kernel(True)
+        print(f"[{name}] fused kernels {'on' if on[0] else 'off'}, attention kernel "
+              f"{'on' if on[1] else 'off'}", flush=True)
     for B in batches:
         prompts = prompts_for(B, plen, V, B)
         eng = Engine(model)
@@ -128,6 +139,9 @@ def measure(model, batches: list[int], n_new: int, plen: int, name: str) -> dict
         res[B] = {"tok_s": B * 1e3 / ms, "step_ms": ms, "prompts": prompts,
                   "outputs": [g.output_ids for g in gens]}
         print(f"[{name}] batch {B}: {B * 1e3 / ms:.1f} tok/s ({ms:.2f} ms/step)", flush=True)
+    if kernels:
+        model.set_fused_kernels(False)
+        model.set_attention_kernel(False)
     return res
 
 
@@ -139,6 +153,8 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--no-tune", action="store_true", help="use the shipped table as it is")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, fp32")
+    ap.add_argument("--kernels", action="store_true",
+                    help="decode with the engine's fused Triton kernels and attention kernel")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     dev = "cpu" if args.smoke else "cuda"
@@ -148,13 +164,14 @@ def main() -> int:
     n_new = 8 if args.smoke else args.new_tokens
     t0 = time.perf_counter()
     LOG.update(preset=preset, batches=batches, new_tokens=n_new, prompt_len=args.prompt_len,
+               kernels=args.kernels,
                device=torch.cuda.get_device_name() if dev == "cuda" else "cpu")
 
     base = allocated(dev)
     stock = random_transformer(preset, dev, dt, seed=0, fused=dev == "cuda")
     mem_bf16 = allocated(dev) - base
     LOG["memory"] = {"bf16_bytes": mem_bf16}
-    rows = {"cublas": measure(stock, batches, n_new, args.prompt_len, "cublas")}
+    rows = {"cublas": measure(stock, batches, n_new, args.prompt_len, "cublas", args.kernels)}
     ref = rows["cublas"]
     margin = {B: 2 * noise(stock, [p + o for p, o in zip(r["prompts"], r["outputs"])])
               for B, r in ref.items()}
@@ -168,7 +185,7 @@ def main() -> int:
         LOG["gemv_swapped"] = rep.swapped
         print(f"gemv backend: {len(rep.swapped)} layers swapped, {len(rep.kept)} kept",
               flush=True)
-        rows["gemv"] = measure(gemv, batches, n_new, args.prompt_len, "gemv")
+        rows["gemv"] = measure(gemv, batches, n_new, args.prompt_len, "gemv", args.kernels)
     else:
         table = gemv = None
 
@@ -183,7 +200,7 @@ def main() -> int:
                          w12_layers=wrep.applied, weight_bytes_before=wrep.bytes_before,
                          weight_bytes_after=wrep.bytes_after)
     if dev == "cuda":
-        rows["w12"] = measure(w12, batches, n_new, args.prompt_len, "w12")
+        rows["w12"] = measure(w12, batches, n_new, args.prompt_len, "w12", args.kernels)
 
     r1 = ref[batches[0]]
     check_rows = [p + o for p, o in zip(r1["prompts"], r1["outputs"])]
