@@ -21,8 +21,14 @@ from specpilot.kernels.tuning import (
     load_table,
     table_path,
 )
-from specpilot.kernels.w12_linear import W12Linear, apply_w12, predicted_gain
-from specpilot.kernels.w12_triton import GLUON, WGMMA, KernelConfig, w12_matmul
+from specpilot.kernels.w12_linear import W12Linear, apply_w12, nearest_shape, predicted_gain
+from specpilot.kernels.w12_triton import (
+    GLUON,
+    WGMMA,
+    KernelConfig,
+    w12_default_config,
+    w12_matmul,
+)
 from specpilot.runtime.loader import load_model
 
 
@@ -127,6 +133,26 @@ def test_predicted_gain_prefers_measurements():
     other = fmt.pack((torch.randn(32, 256) * 0.02).to(torch.bfloat16))
     assert predicted_gain(other, t) == pytest.approx(0.8)  # nearest evidence: same bucket
     assert predicted_gain(other, t, m=16) == predicted_gain(other)  # none: byte model
+
+
+def test_untuned_shape_runs_the_nearest_tuned_shapes_config():
+    t = TunedTable(device="x")
+    t.add(_rec("w12", 4096, 4096, 1, 10.0, bn=4))
+    t.add(_rec("w12", 10240, 5120, 1, 20.0, bn=16))
+    t.add(_rec("w12", 4096, 1152, 1, 5.0, bn=32))  # K 1152: 16-word column groups
+    t.add(_rec("w12", 6144, 4096, 8, 12.0, bn=8))  # another batch bucket
+    assert nearest_shape(t, 6144, 4096, 1) == (4096, 4096)  # ln 1.5 < ln 1.67 + ln 1.25
+    assert nearest_shape(t, 8192, 5120, 1) == (10240, 5120)
+    # (4096, 4096) is nearer, but its configs step 64-word groups: K 3968 has 16-word ones
+    assert nearest_shape(t, 4096, 3968, 1) == (4096, 1152)
+    assert nearest_shape(t, 4096, 4096, 2) is None and nearest_shape(t, 4096, 4096, 64) is None
+    lin = W12Linear(fmt.pack((torch.randn(96, 4096) * 0.02).to(torch.bfloat16)), table=t)
+    assert lin._config(1).bn == 4  # (4096, 4096)'s entry
+    assert lin._config(2) == w12_default_config(96, 4096, 2)  # nothing tuned at bucket 2
+    # its predicted gain is the nearest shape's measured ratio, not the table's median
+    t.add(_rec("bf16", 4096, 4096, 1, 12.0))
+    t.add(_rec("bf16", 10240, 5120, 1, 30.0))
+    assert predicted_gain(lin.w12, t) == pytest.approx(1.2)
 
 
 def test_shipped_h200_table_loads():

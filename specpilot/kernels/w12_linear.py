@@ -2,18 +2,21 @@
 swaps the eligible linears of a model in place.
 
 On CUDA with bf16 activations a call runs the fused Triton kernel for up to 32 rows
-(config from the device's tuned table, else a default) and unpack + cuBLAS above that; no
+(config from the device's tuned table: the shape's own entry, else that of the nearest tuned
+shape, `nearest_shape`, else a default) and unpack + cuBLAS above that; no
 host sync and only the output allocated per call, so decode steps can be CUDA-graph captured;
 elsewhere it runs the torch reference. Results match `F.linear` up to accumulation order:
 the weights are bit-identical.
 
 `apply_w12` skips a layer whose predicted gain is below `min_gain`: measured times from
-the tuned table when it has both kernels for the shape, else a byte model in which every
-escape costs `ESCAPE_PENALTY_BITS` (escapes are patched one by one in the epilogue).
+the tuned table when it has both kernels for the shape (or for the nearest tuned shape),
+else a byte model in which every escape costs `ESCAPE_PENALTY_BITS` (escapes are patched one
+by one in the epilogue).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -25,6 +28,31 @@ from .tuning import TunedTable, bucket
 
 ESCAPE_PENALTY_BITS = 4096.0
 HEAVY_ESCAPES = 1e-3  # escape rate above which measured gains are discounted
+
+
+def nearest_shape(table: TunedTable, n: int, k: int, m: int) -> tuple[int, int] | None:
+    """(N, K) of the table's W12-tuned shape nearest to (n, k) at m's batch bucket, by
+    |ln(n / N)| + |ln(k / K)|, among shapes whose column groups are as wide as this one's
+    (so its configs' K steps fit here); None if there is none. Its config stands in for an
+    untuned shape's: on the H200, 1.21x faster than the default config (geomean over four
+    shapes x six batches, each shape left out of the table in turn) and within 1.05x of the
+    shape's own tuned entry (docs/BENCHMARKS.md, twelfth W12 run)."""
+    b = bucket(m)
+    if b is None:
+        return None
+    gw = fmt.group_words(-(-k // fmt.K_ALIGN) * fmt.K_ALIGN)
+    best = None
+    for key in sorted(table.entries):
+        kernel, shape, bb = key.split(":")
+        if kernel != "w12" or bb != f"b{b}":
+            continue
+        n2, k2 = map(int, shape.split("x"))
+        if fmt.group_words(-(-k2 // fmt.K_ALIGN) * fmt.K_ALIGN) != gw:
+            continue
+        d = abs(math.log(n / n2)) + abs(math.log(k / k2))
+        if best is None or d < best[0]:
+            best = (d, n2, k2)
+    return None if best is None else (best[1], best[2])
 
 
 def _default_config(n: int, k: int, m: int):
@@ -59,9 +87,12 @@ class W12Linear(nn.Module):
     def _config(self, b: int):
         """The kernel config of batch bucket b (looked up once per bucket, then cached)."""
         if b not in self._cfgs:
-            self._cfgs[b] = (self.table.lookup("w12", self.out_features, self.in_features, b)
-                             if self.table else None) or _default_config(self.out_features,
-                                                                         self.in_features, b)
+            n, k = self.out_features, self.in_features
+            cfg = self.table.lookup("w12", n, k, b) if self.table else None
+            if cfg is None and self.table:
+                near = nearest_shape(self.table, n, k, b)
+                cfg = self.table.lookup("w12", *near, b) if near else None
+            self._cfgs[b] = cfg or _default_config(n, k, b)
         return self._cfgs[b]
 
     @property
@@ -133,7 +164,8 @@ def _byte_model(w: fmt.W12Weight) -> float:
 
 def predicted_gain(w: fmt.W12Weight, table: TunedTable | None = None, m: int = 1) -> float:
     """bf16 time / W12 time for this layer at batch m: measured when the table has this
-    shape; else the median measured ratio of the table's other shapes at that batch
+    shape; else measured on the nearest tuned shape (`nearest_shape`, whose config the layer
+    then runs); else the median measured ratio of the table's other shapes at that batch
     bucket; else the byte model (escape penalty included). Measured ratios come from
     LLM-like weights (~1e-4 escapes): a layer escaping more than `HEAVY_ESCAPES` (zero
     rows, pruning) gets them scaled down by its byte model against a typical layer's.
@@ -143,6 +175,9 @@ def predicted_gain(w: fmt.W12Weight, table: TunedTable | None = None, m: int = 1
         return 16.0 / (w.bits_per_weight + 32.0)
     if table is not None:
         ratio = _measured_ratio(table, w.n, w.k, m)
+        near = nearest_shape(table, w.n, w.k, m) if ratio is None else None
+        if near is not None:
+            ratio = _measured_ratio(table, *near, m)
         if ratio is None:
             b = bucket(m)
             ratios = sorted(r for key in table.entries if key.startswith("w12:")
