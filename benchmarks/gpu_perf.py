@@ -388,8 +388,10 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     n_new, plen = ARGS.new_tokens, 64
     ar = {}
     if want("ar"):
+        from specpilot.kernels.w12_linear import W12Linear
+
         w12 = sum(m.in_features * m.out_features for m in model.modules()
-                  if type(m).__name__ == "W12Linear")  # its weights are buffers, not params
+                  if isinstance(m, W12Linear))  # its weights are buffers, not params
         print(f"\n[ar] {preset}: {(sum(p.numel() for p in model.parameters()) + w12) / 1e9:.2f} B "
               f"weights, {n_new} new tokens after {plen}-token prompts")
         print(f"{'batch':>5}{'tok/s':>9}{'step ms':>9}{'no-PDL tok/s':>13}{'gemm-graph ms':>15}"

@@ -61,6 +61,7 @@ SHAPES = {  # (N, K) of y = x @ W.T, from shared/measurements/h200_baseline.py
 # table): tune them with --shapes so that the shipped table has their W12 configs
 MODEL_SHAPES = {"qkv_8B": (6144, 4096), "o_8B": (4096, 4096), "lm_head_8B": (151936, 4096),
                 "lm_head_32B": (151936, 5120)}
+ALL_SHAPES = {**SHAPES, **MODEL_SHAPES}
 BATCHES = (1, 2, 4, 8, 16, 32)
 ROTATE_BYTES = 1.5e9  # weight bytes cycled through per graph replay (L2 is 60 MB)
 
@@ -368,7 +369,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3 configs per kernel, 2 shapes")
     ap.add_argument("--no-step", action="store_true", help="skip the 8B decode step")
     ap.add_argument("--shapes", default=",".join(SHAPES),
-                    help=f"names, of {', '.join([*SHAPES, *MODEL_SHAPES])}")
+                    help=f"names, of {', '.join(ALL_SHAPES)}")
     ap.add_argument("--batches", default=",".join(map(str, BATCHES)))
     ap.add_argument("--full-bf16", action="store_true",
                     help="tune the bf16 kernel over its grid (default: the shipped table's best)")
@@ -381,10 +382,9 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="past 75%% of this, tune only 2 configs; past it, skip the step")
     args = ap.parse_args()
-    known = {**SHAPES, **MODEL_SHAPES}
-    unknown = [s for s in args.shapes.split(",") if s not in known]
+    unknown = [s for s in args.shapes.split(",") if s not in ALL_SHAPES]
     if unknown:
-        ap.error(f"unknown shape {', '.join(unknown)}; pick from {', '.join(known)}")
+        ap.error(f"unknown shape {', '.join(unknown)}; pick from {', '.join(ALL_SHAPES)}")
     out_dir = os.environ.get("OUT", ".")
     logf = open(os.path.join(out_dir, "w12_bench.log"), "w")  # noqa: SIM115 (the whole run)
 
@@ -405,7 +405,7 @@ def main() -> None:
     shipped = load_table(dev)
     batches = tuple(int(b) for b in args.batches.split(","))
     for name in names:
-        n, k = known[name]
+        n, k = ALL_SHAPES[name]
         r, recs, info = bench_shape(name, n, k, batches, args.quick, log,
                                     t0 + 0.75 * args.budget_s, shipped, args.full_bf16,
                                     args.explore, args.variant_mask)

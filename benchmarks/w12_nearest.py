@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from benchmarks.w12_bench import MODEL_SHAPES, ROTATE_BYTES, SHAPES, llm_like, make_problems
+from benchmarks.w12_bench import ALL_SHAPES, MODEL_SHAPES, ROTATE_BYTES, llm_like, make_problems
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import TunedTable, graph_timer, load_table, tune
 from specpilot.kernels.w12_linear import nearest_shape
@@ -29,14 +29,13 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(MODEL_SHAPES))
     ap.add_argument("--batches", default="1,2,4,8,16,32")
     args = ap.parse_args()
-    known = {**SHAPES, **MODEL_SHAPES}
     names = args.shapes.split(",")
-    if any(s not in known for s in names):
-        ap.error(f"unknown shape in {args.shapes}; pick from {', '.join(known)}")
+    if any(s not in ALL_SHAPES for s in names):
+        ap.error(f"unknown shape in {args.shapes}; pick from {', '.join(ALL_SHAPES)}")
     shipped = load_table(torch.cuda.get_device_name())
     ratios = {"default/nearest": [], "nearest/tuned": []}
     for name in names:
-        n, k = known[name]
+        n, k = ALL_SHAPES[name]
         without = TunedTable(device=shipped.device, entries={
             key: v for key, v in shipped.entries.items() if f":{n}x{k}:" not in key})
         w = llm_like(n, k, seed=sum(map(ord, name)))

@@ -105,6 +105,11 @@ class W12Weight:
 TENSOR_FIELDS = ("a", "codes", "base", "esc_rowptr", "esc_row", "esc_col", "esc_bits")
 
 
+def padded(k: int) -> int:
+    """K padded to a multiple of K_ALIGN (at least one block): the width W12 stores."""
+    return -(-max(k, 1) // K_ALIGN) * K_ALIGN
+
+
 def group_words(kp: int) -> int:
     """Words per column group for a padded width kp (a multiple of K_ALIGN)."""
     if kp % K_ALIGN:
@@ -168,7 +173,7 @@ def _concat_rows(parts: list[W12Weight]) -> W12Weight:
 
 def _pack_rows(w: Tensor) -> W12Weight:
     n, k = w.shape
-    kp = -(-max(k, 1) // K_ALIGN) * K_ALIGN
+    kp = padded(k)
     if kp != k:
         w = F.pad(w, (0, kp - k))
     sign, exp, mant = _fields(w)

@@ -40,14 +40,14 @@ def nearest_shape(table: TunedTable, n: int, k: int, m: int) -> tuple[int, int] 
     b = bucket(m)
     if b is None:
         return None
-    gw = fmt.group_words(-(-k // fmt.K_ALIGN) * fmt.K_ALIGN)
+    gw = fmt.group_words(fmt.padded(k))
     best = None
     for key in sorted(table.entries):
         kernel, shape, bb = key.split(":")
         if kernel != "w12" or bb != f"b{b}":
             continue
         n2, k2 = map(int, shape.split("x"))
-        if fmt.group_words(-(-k2 // fmt.K_ALIGN) * fmt.K_ALIGN) != gw:
+        if fmt.group_words(fmt.padded(k2)) != gw:
             continue
         d = abs(math.log(n / n2)) + abs(math.log(k / k2))
         if best is None or d < best[0]:
