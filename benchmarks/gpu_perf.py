@@ -626,7 +626,8 @@ def main() -> int:
                     help="spec: draft-model presets whose cost the oracle pays (eagle = the "
                          "EAGLE-class head of the target's size, eagle-8b / eagle-32b)")
     ap.add_argument("--weights", choices=("bf16", "w12"), default="bf16",
-                    help="w12: W12 linears where the tuned table says they win at --batches")
+                    help="w12: W12 linears where the tuned table says they win at --batches "
+                         "(decode rows: sections check, ar and attn only)")
     ap.add_argument("--pdl", choices=("on", "off", "both"), default="both",
                     help="programmatic dependent launch of the Triton kernels (ar: both = "
                          "off and on side by side; other sections: on unless off)")
@@ -649,6 +650,10 @@ def main() -> int:
     bad = set(ARGS.sections) - set(SECTIONS)
     if bad:
         print(f"unknown --sections {sorted(bad)}: pick from {','.join(SECTIONS)}")
+        return 2
+    if ARGS.weights == "w12" and {"verify", "spec"} & set(ARGS.sections):
+        print("--weights w12 picks W12 layers for decode steps of --batches rows, not for the "
+              "batch x (k + 1) rows of verify steps: run it with --sections check,ar,attn")
         return 2
     if want("check"):
         check(dt)
