@@ -27,6 +27,7 @@ at the GPU's boost clock (1.98 GHz on an H200), to compare with the floor's rate
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import statistics
@@ -35,7 +36,6 @@ import sys
 
 PROBES = ("shipped", "x-row", "no-x", "w-row", "floor")
 CONFIGS = ((16, 16, 1), (16, 16, 3), (32, 32, 3), (32, 16, 2))  # (batch, rows of x, splits)
-STRIDE_ARGS = (15, 16)  # w12_gluon_kernel's positional stride_a, stride_c
 CLOCK_HZ = 1.98e9
 
 
@@ -55,13 +55,15 @@ def _patch(probe: str) -> list:
 
         w12_gluon._xi = const_x
     kernel, handles = w12_gluon.w12_gluon_kernel, []
+    names = list(inspect.signature(kernel.fn).parameters)
+    strides = [names.index("stride_a"), names.index("stride_c")]  # launched positionally
 
     class Launcher:
         def __getitem__(self, grid):
             def launch(*args, **kw):
                 args = list(args)
                 if probe in ("w-row", "floor"):
-                    for i in STRIDE_ARGS:
+                    for i in strides:
                         args[i] = 0
                 handles.append(kernel[grid](*args, **kw))
             return launch
