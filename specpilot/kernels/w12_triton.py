@@ -570,9 +570,11 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
-    if b <= 2:  # the loop pipelined through shared memory (3 stages): wins on some shapes
-        cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, variant=1 | PIPE)
-                 for bn, bk, w in ((4, 512, 2), (8, 1024, 4))]
+    if b <= 2:  # the loop pipelined through shared memory: wins on some shapes (one-warp
+        # programs with 2 stages: docs/BENCHMARKS.md thirteenth run)
+        cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, stages=p, variant=1 | PIPE)
+                 for bn, bk, w, p in ((4, 512, 2, 3), (8, 1024, 4, 3), (4, 1024, 1, 2),
+                                      (2, 1024, 1, 2))]
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
     dots = {16: [(32, 512, 1, 4, 2, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
