@@ -75,6 +75,18 @@ def llm_like(n: int, k: int, seed: int) -> torch.Tensor:
     return w.to(torch.bfloat16)
 
 
+def w12_copies(name: str, seed: int = 1) -> tuple[torch.Tensor, fmt.W12Weight,
+                                                 list[fmt.W12Weight]]:
+    """A benchmark shape's LLM-like bf16 weight, its W12 form, and enough copies of that to
+    rotate past the L2 (ROTATE_BYTES of bf16-sized weights, at least 2)."""
+    n, k = ALL_SHAPES[name]
+    w = llm_like(n, k, seed=seed)
+    p = fmt.pack(w)
+    rot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
+    return w, p, [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
+                  for _ in range(rot)]
+
+
 def make_problems(n: int, k: int, batch: int, w_bf16: list[torch.Tensor],
                   w_12: list[fmt.W12Weight]) -> dict[str, Problem]:
     ref_w = w_bf16[0].float()

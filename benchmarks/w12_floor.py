@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -76,19 +75,15 @@ def child(probe: str, shape: str) -> dict:
     import torch
 
     sys.path.insert(0, "benchmarks")
-    from w12_bench import ROTATE_BYTES, SHAPES, llm_like
+    from w12_bench import SHAPES, w12_copies
 
     handles = _patch(probe)
-    from specpilot.kernels import w12 as fmt
     from specpilot.kernels import w12_gluon
     from specpilot.kernels.tuning import graph_timer
 
     n, k = SHAPES[shape]
-    w = llm_like(n, k, seed=1)
-    p = fmt.pack(w)
-    rot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
-    ws = [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
-          for _ in range(rot)]
+    w, p, ws = w12_copies(shape)
+    rot = len(ws)
     it = {"i": 0}
 
     def nxt(seq):

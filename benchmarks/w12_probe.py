@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import subprocess
 import sys
@@ -67,19 +66,15 @@ def child(probe: str, shape: str, batch: int) -> dict:
     import torch.nn.functional as F
 
     sys.path.insert(0, "benchmarks")
-    from w12_bench import ROTATE_BYTES, SHAPES, llm_like
+    from w12_bench import SHAPES, w12_copies
 
     _patch(probe)
-    from specpilot.kernels import w12 as fmt
     from specpilot.kernels.gemv_bf16 import bf16_matmul
     from specpilot.kernels.tuning import graph_timer, load_table
 
     n, k = SHAPES[shape]
-    w = llm_like(n, k, seed=1)
-    p = fmt.pack(w)
-    rot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
-    ws = [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
-          for _ in range(rot)]
+    w, p, ws = w12_copies(shape)
+    rot = len(ws)
     x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
     y = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
     it = {"i": 0}
