@@ -30,7 +30,6 @@ import argparse
 import inspect
 import json
 import statistics
-import subprocess
 import sys
 
 PROBES = ("shipped", "x-row", "no-x", "w-row", "floor")
@@ -166,17 +165,14 @@ def main() -> None:
     bad = [p for p in probes if p not in PROBES]
     if bad:
         raise SystemExit(f"unknown probe {bad[0]!r}: pick from {', '.join(PROBES)}")
+    from benchmarks.w12_probe import run_child
+
     rows = []
     for shape in a.shapes.split(","):
         for probe in probes:
-            proc = subprocess.run([sys.executable, __file__, "--child", probe, shape],
-                                  capture_output=True, text=True, check=False)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if not line:
-                print(f"{shape} {probe}: failed\n{proc.stderr[-2000:]}", flush=True)
-                continue
-            rows.append(json.loads(line[0][7:]))
-            print(json.dumps(rows[-1]), flush=True)
+            row = run_child(__file__, ["--child", probe, shape], f"{shape} {probe}")
+            if row:
+                rows.append(row)
     keys = [f"b{b} m{m} s{s}" for b, m, s in CONFIGS]
     print(f"\n{'shape':12} {'probe':8} " + " ".join(f"{c:>12}" for c in keys) + "  registers")
     for r in rows:

@@ -120,6 +120,20 @@ def ptx_widths() -> list[dict]:
     return rows
 
 
+def run_child(script: str, args: list[str], what: str) -> dict | None:
+    """One probe in a fresh process (`script` with `args`): its RESULT line as a dict, also
+    printed; None, with the child's stderr printed, when it gave none."""
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                          check=False)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if not line:
+        print(f"{what}: failed\n{proc.stderr[-2000:]}", flush=True)
+        return None
+    row = json.loads(line[0][7:])
+    print(json.dumps(row), flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qkv_32B,down_8B")
@@ -133,14 +147,10 @@ def main() -> None:
     rows = []
     for shape in a.shapes.split(","):
         for probe in a.probes.split(","):
-            proc = subprocess.run([sys.executable, __file__, "--batch", str(a.batch), "--child",
-                                   probe, shape], capture_output=True, text=True, check=False)
-            line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-            if not line:
-                print(f"{shape} {probe}: failed\n{proc.stderr[-2000:]}", flush=True)
-                continue
-            rows.append(json.loads(line[0][7:]))
-            print(json.dumps(rows[-1]), flush=True)
+            row = run_child(__file__, ["--batch", str(a.batch), "--child", probe, shape],
+                            f"{shape} {probe}")
+            if row:
+                rows.append(row)
     labels = [c.label for c in CONFIGS]
     print(f"\n{'shape':10} {'batch':>5} {'probe':10} " + " ".join(f"{c:>24}" for c in labels))
     for r in rows:
