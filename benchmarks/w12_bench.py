@@ -77,14 +77,19 @@ def llm_like(n: int, k: int, seed: int) -> torch.Tensor:
 
 def w12_copies(name: str, seed: int = 1) -> tuple[torch.Tensor, fmt.W12Weight,
                                                  list[fmt.W12Weight]]:
-    """A benchmark shape's LLM-like bf16 weight, its W12 form, and enough copies of that to
-    rotate past the L2 (ROTATE_BYTES of bf16-sized weights, at least 2)."""
+    """A benchmark shape's LLM-like bf16 weight, its W12 form, and that form with enough
+    copies to rotate past the L2 (ROTATE_BYTES of bf16-sized weights, at least 2 in all)."""
     n, k = ALL_SHAPES[name]
     w = llm_like(n, k, seed=seed)
     p = fmt.pack(w)
     rot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
-    return w, p, [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
-                  for _ in range(rot)]
+    return w, p, [p] + [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
+                        for _ in range(rot - 1)]
+
+
+def bf16_copies(w: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """w and count - 1 copies of it (a rotation as long as its W12 form's)."""
+    return [w] + [w.clone() for _ in range(count - 1)]
 
 
 def make_problems(n: int, k: int, batch: int, w_bf16: list[torch.Tensor],
@@ -258,15 +263,13 @@ def bf16_configs(table: TunedTable, n: int, k: int, b: int, full: bool) -> list[
     return [hit]
 
 
-def bench_shape(name, n, k, batches, quick, log, deadline, shipped=None,
+def bench_shape(name, batches, quick, log, deadline, shipped=None,
                 full_bf16=False, explore=False, variant_mask=0) -> tuple[list[dict], list, dict]:
-    w = llm_like(n, k, seed=sum(map(ord, name)))
-    packed = fmt.pack(w)
+    n, k = ALL_SHAPES[name]
+    w, packed, w_12 = w12_copies(name, seed=sum(map(ord, name)))
     exact = torch.equal(w12_unpack(packed).view(torch.int16), w.view(torch.int16))
-    nrot = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
-    w_bf16 = [w] + [w.clone() for _ in range(nrot - 1)]
-    w_12 = [packed] + [fmt.W12Weight(n, k, **{f: t.clone() for f, t in packed.tensors().items()})
-                       for _ in range(nrot - 1)]
+    nrot = len(w_12)
+    w_bf16 = bf16_copies(w, nrot)
     info = {"shape": name, "n": n, "k": k, "bits_per_weight": packed.bits_per_weight,
             "escape_rate": packed.escape_rate, "unpack_exact": exact, "rotations": nrot}
     # the size-dependent ceiling: a plain read of the same bytes (launch and tail included)
@@ -417,10 +420,8 @@ def main() -> None:
     shipped = load_table(dev)
     batches = tuple(int(b) for b in args.batches.split(","))
     for name in names:
-        n, k = ALL_SHAPES[name]
-        r, recs, info = bench_shape(name, n, k, batches, args.quick, log,
-                                    t0 + 0.75 * args.budget_s, shipped, args.full_bf16,
-                                    args.explore, args.variant_mask)
+        r, recs, info = bench_shape(name, batches, args.quick, log, t0 + 0.75 * args.budget_s,
+                                    shipped, args.full_bf16, args.explore, args.variant_mask)
         rows += r
         infos.append(info)
         for rec in recs:

@@ -74,7 +74,7 @@ def child(probe: str, shape: str) -> dict:
     import torch
 
     sys.path.insert(0, "benchmarks")
-    from w12_bench import SHAPES, w12_copies
+    from w12_bench import SHAPES, bf16_copies, w12_copies
 
     handles = _patch(probe)
     from specpilot.kernels import w12_gluon
@@ -102,7 +102,7 @@ def child(probe: str, shape: str) -> dict:
         out["us"][key] = statistics.median(t)
         out["regs"][key] = [handles[-1].n_regs, handles[-1].n_spills]
         if probe == "shipped":
-            wb = [w] + [w.clone() for _ in range(rot - 1)]
+            wb = bf16_copies(w, rot)
             out["cublas"][key] = statistics.median(
                 graph_timer(lambda x=x, y=y, wb=wb: torch.mm(x, nxt(wb).T, out=y), rot))
             del wb

@@ -17,8 +17,7 @@ import math
 
 import torch
 
-from benchmarks.w12_bench import ALL_SHAPES, MODEL_SHAPES, ROTATE_BYTES, llm_like, make_problems
-from specpilot.kernels import w12 as fmt
+from benchmarks.w12_bench import ALL_SHAPES, MODEL_SHAPES, make_problems, w12_copies
 from specpilot.kernels.tuning import TunedTable, graph_timer, load_table, tune
 from specpilot.kernels.w12_linear import nearest_shape
 from specpilot.kernels.w12_triton import w12_default_config
@@ -38,14 +37,10 @@ def main() -> None:
         n, k = ALL_SHAPES[name]
         without = TunedTable(device=shipped.device, entries={
             key: v for key, v in shipped.entries.items() if f":{n}x{k}:" not in key})
-        w = llm_like(n, k, seed=sum(map(ord, name)))
-        p = fmt.pack(w)
-        copies = max(2, math.ceil(ROTATE_BYTES / (n * k * 2)))
-        wb = [w] + [w.clone() for _ in range(copies - 1)]
-        w12 = [p] + [fmt.W12Weight(n, k, **{f: t.clone() for f, t in p.tensors().items()})
-                     for _ in range(copies - 1)]
+        # only the W12 problem is timed: the bf16 weight is its reference, not rotated
+        w, _, w12 = w12_copies(name, seed=sum(map(ord, name)))
         for b in map(int, args.batches.split(",")):
-            prob = make_problems(n, k, b, wb, w12)["w12"]
+            prob = make_problems(n, k, b, [w], w12)["w12"]
             near = nearest_shape(without, n, k, b)
             cfgs = {"default": w12_default_config(n, k, b),
                     "nearest": without.lookup("w12", *near, b) if near else None,
@@ -61,7 +56,7 @@ def main() -> None:
                 ratios["default/nearest"].append(us["default"] / us["nearest"])
             if us.get("nearest") and us.get("tuned"):
                 ratios["nearest/tuned"].append(us["nearest"] / us["tuned"])
-        del wb, w12
+        del w, w12
         torch.cuda.empty_cache()
     for key, xs in ratios.items():
         if xs:

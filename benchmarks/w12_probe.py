@@ -66,7 +66,7 @@ def child(probe: str, shape: str, batch: int) -> dict:
     import torch.nn.functional as F
 
     sys.path.insert(0, "benchmarks")
-    from w12_bench import SHAPES, w12_copies
+    from w12_bench import SHAPES, bf16_copies, w12_copies
 
     _patch(probe)
     from specpilot.kernels.gemv_bf16 import bf16_matmul
@@ -91,7 +91,7 @@ def child(probe: str, shape: str, batch: int) -> dict:
         out[cfg.label] = statistics.median(t)
     out["ptx"] = ptx_widths()
     if probe == "shipped":
-        wb = [w] + [w.clone() for _ in range(rot - 1)]
+        wb = bf16_copies(w, rot)
         out["cublas"] = statistics.median(graph_timer(lambda: F.linear(x, nxt(wb)), rot))
         hit = load_table(torch.cuda.get_device_name()).lookup("bf16", n, k, batch)
         if hit is not None:
