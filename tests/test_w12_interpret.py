@@ -48,6 +48,13 @@ CASES = [  # (N, K, M, config kwargs); W12 steps K by multiples of 128
     (24, 2048, 1, {"bm": 1, "bn": 8, "bk": 1024, "variant": 16}),
     (24, 200, 5, {"bm": 1, "bn": 8, "bk": 128, "split_k": 2, "variant": 16}),
     (24, 200, 3, {"bm": 4, "bn": 8, "bk": 128, "split_k": 2, "variant": 17}),
+    # the GEMV's first escape chunk deferred (variant bit 5, DEFER): splits of many steps, of
+    # one (table, x and terms after the loop) and of none; with PIPE too
+    (16, 2048, 1, {"bm": 1, "bn": 8, "bk": 128, "split_k": 3, "variant": 33}),
+    (24, 200, 3, {"bm": 4, "bn": 8, "bk": 128, "split_k": 2, "variant": 33}),
+    (8, 1000, 2, {"bm": 2, "bn": 8, "bk": 256, "split_k": 3, "variant": 33}),
+    (24, 2048, 1, {"bm": 1, "bn": 8, "bk": 256, "stages": 2, "variant": 49}),
+    (24, 200, 5, {"bm": 1, "bn": 8, "bk": 128, "split_k": 2, "variant": 49}),
 ]
 
 

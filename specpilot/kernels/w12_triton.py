@@ -25,7 +25,9 @@ plain Triton ops), bit 1 = tensor-core path computes (W x^T) instead of (x W^T),
 sliced tensor-core path, bit 4 (`PIPE`) = the GEMV's K loop software-pipelined through
 shared memory, `stages` deep (cp.async; without it the loop, which has no dot, is left
 unpipelined whatever the launch's `num_stages`: each step waits a full memory round
-trip), bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
+trip), bit 5 (`DEFER`) = the GEMV's first escape chunk spread over its first two steps
+(table loaded in the first, x gathered in the second, terms added after the loop) instead
+of done in the first step, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` (weights
 straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
 CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
 stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
@@ -53,6 +55,7 @@ WGMMA = 128  # ... and of the W12 TMA + wgmma kernel (`w12_wgmma.py`)
 XPRE = 256  # with GLUON: x slices loaded a step ahead with the words (batch 2-8, depth 1)
 SK = 512  # with GLUON: stream-K (`split_k` = programs an SM, sharing the (tile, step) units)
 PIPE = 16  # the GEMV's loop pipelined through shared memory, `stages` deep (`LOOP_STAGES`)
+DEFER = 32  # the GEMV's first escape chunk spread over its first two steps (`ESC_DEFER`)
 
 
 @dataclass(frozen=True)
@@ -202,43 +205,47 @@ def _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr
     """[BM, BN] correction of escapes e0 .. min(e0 + ECH, hi): x * value - x * placeholder
     added to the escape's own (row, column); all loads vectorized (one round trip for the
     table, one for the x gather)."""
-    e = e0 + tl.arange(0, ECH)
-    em = e < hi
-    r = tl.load(erow_ptr + e, mask=em, other=-1)
-    col = tl.load(ecol_ptr + e, mask=em, other=0)
-    v = (tl.load(ebits_ptr + e, mask=em, other=0).to(tl.int32) << 16).to(tl.float32,
-                                                                          bitcast=True)
-    xv = tl.load(x_ptr + offs_m[:, None] * stride_xm + col[None, :],
-                 mask=m_mask[:, None] & em[None, :], other=0.0).to(tl.float32)  # [BM, ECH]
+    r, col, v = _escape_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+    xv = _escape_x(x_ptr, stride_xm, offs_m, m_mask, r, col)
     return _escape_terms(xv, r, v, offs_n, ph)
 
 
 @triton.jit
-def _escape_terms(xv, r, v, offs_n, ph):
+def _escape_x(x_ptr, stride_xm, offs_m, m_mask, r, col):
+    """[BM, ECH]: x at the escapes' columns (0 for table slots past the end, r = -1), as
+    loaded (converted where used: a conversion here would wait for the load)."""
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + col[None, :],
+                   mask=m_mask[:, None] & (r >= 0)[None, :], other=0.0)
+
+
+@triton.jit
+def _escape_terms(xv, r, bits, offs_n, ph):
     """[BM, BN]: x * value - x * placeholder of each escape (x values xv [BM, ECH], rows r,
-    values v [ECH]) added to its own row; escapes of other rows (r = -1: none) drop out."""
+    values' bf16 bits [ECH]) added to its own row; escapes of other rows (r = -1) drop out."""
     hit = (offs_n[:, None] == r[None, :])[None, :, :]  # [1, BN, ECH]
+    xv = xv.to(tl.float32)
+    v = (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
     t = xv[:, None, :] * v[None, None, :] - xv[:, None, :] * ph[None, :, None]
     return tl.sum(tl.where(hit, t, 0.0), axis=2)
 
 
 @triton.jit
 def _escape_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH: tl.constexpr):
-    """(rows, columns, fp32 values) of escapes e0 .. min(e0 + ECH, hi); rows -1 past hi."""
+    """(rows, columns, bf16 bits of the values) of escapes e0 .. min(e0 + ECH, hi); rows -1
+    past hi."""
     e = e0 + tl.arange(0, ECH)
     em = e < hi
     r = tl.load(erow_ptr + e, mask=em, other=-1)
     col = tl.load(ecol_ptr + e, mask=em, other=0)
-    v = (tl.load(ebits_ptr + e, mask=em, other=0).to(tl.int32) << 16).to(tl.float32,
-                                                                          bitcast=True)
-    return r, col, v
+    bits = tl.load(ebits_ptr + e, mask=em, other=0)
+    return r, col, bits
 
 
 @triton.jit
 def _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo, hi,
             erow_ptr, ecol_ptr, ebits_ptr, y_ptr, stride_ym, ECH: tl.constexpr):
     """acc [BM, BN] of sum x * w' -> y = acc * 2^(base - E0) + escape corrections (the
-    first chunk, `esc`, was computed before the main loop), stored."""
+    first chunk, `esc`, was computed in and after the main loop), stored."""
     acc = acc * scale[None, :] + esc
     for e0 in range(lo + ECH, hi, ECH):
         acc += _escape_chunk(e0, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
@@ -341,7 +348,7 @@ def w12_linear_kernel(
     BM: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr, GS: tl.constexpr, GW: tl.constexpr,
     SPLIT_K: tl.constexpr, USE_DOT: tl.constexpr, F32_DOT: tl.constexpr, EVEN: tl.constexpr,
     USE_ASM: tl.constexpr, SWAP: tl.constexpr, ECH: tl.constexpr, SLICED: tl.constexpr = False,
-    PDL: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None,
+    PDL: tl.constexpr = False, LOOP_STAGES: tl.constexpr = None, ESC_DEFER: tl.constexpr = False,
 ):
     # Words are indexed per row by w = 0 .. KW - 1 (KW = Kp / 8, the code words); word w of
     # group q = w // GW describes columns q * 8GW + i * GW + w % GW, i = 0..7. A step takes
@@ -373,7 +380,15 @@ def w12_linear_kernel(
     lo = tl.load(rowptr_ptr + n0)
     hi = tl.load(rowptr_ptr + tl.minimum(n0 + BN, N))
     esc = tl.zeros((BM, BN), dtype=tl.float32)
+    # the first escape chunk (not SLICED): done in the first step, after its weight loads
+    # are in flight; with ESC_DEFER spread so that no step waits on it: its table loaded in
+    # the first step, its x gathered in the second, its terms added after the loop (`got`
+    # counts the parts done: table, x, terms)
     got = 0
+    er = tl.full((ECH,), -1, tl.int32)
+    ec = tl.zeros((ECH,), dtype=tl.int32)
+    ev = tl.zeros((ECH,), dtype=ebits_ptr.dtype.element_ty)
+    exv = tl.zeros((BM, ECH), dtype=x_ptr.dtype.element_ty)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_t = tl.zeros((BN, BM), dtype=tl.float32)
     acc0 = tl.zeros((BN, NG, GS), dtype=tl.float32)
@@ -450,14 +465,20 @@ def w12_linear_kernel(
             a1 = tl.load(a_ptr + a_off + wa + GW, mask=wmask, other=0,
                          eviction_policy="evict_first")
         if SLICED:
-            exv = tl.load(x_ptr + offs_m[:, None] * stride_xm + ec[None, :],
-                          mask=m_mask[:, None] & (er >= 0)[None, :], other=0.0).to(tl.float32)
+            exv = _escape_x(x_ptr, stride_xm, offs_m, m_mask, er, ec)
             e_nxt = e_cur + SPLIT_K * ECH
             er_n, ec_n, ev_n = _escape_table(e_nxt, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+        elif ESC_DEFER:
+            if w == w_lo:
+                er, ec, ev = _escape_table(lo, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+                got = 1
+            elif w == w_lo + SW:
+                exv = _escape_x(x_ptr, stride_xm, offs_m, m_mask, er, ec)
+                got = 2
         elif w == w_lo:
             esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
                                 ecol_ptr, ebits_ptr, ECH)
-            got = 1
+            got = 3
         if SLICED:
             # 8 dots of K = SW, one per weight index i: w_i is elementwise from the loaded
             # word tiles (no join, reshape or permute), x_i a plain strided slice of x
@@ -529,9 +550,13 @@ def w12_linear_kernel(
                                  erow_ptr, ecol_ptr, ebits_ptr, ECH)
         # each split's partial is finished (row scale 2^(base - E0): a power of two, exact)
         acc = acc * scale[None, :] + esc
-    elif got == 0:  # a split with no K steps (uneven split-K) may still finish the tile
-        esc = _escape_chunk(lo, hi, x_ptr, stride_xm, offs_m, m_mask, offs_n, ph, erow_ptr,
-                            ecol_ptr, ebits_ptr, ECH)
+    else:  # parts not done in the loop (a split with no step; ESC_DEFER with one)
+        if got == 0:
+            er, ec, ev = _escape_table(lo, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH)
+        if got < 2:
+            exv = _escape_x(x_ptr, stride_xm, offs_m, m_mask, er, ec)
+        if got < 3:
+            esc = _escape_terms(exv, er, ev, offs_n, ph)
     finish = True
     if SPLIT_K > 1:
         tile = pid_m * tl.num_programs(0) + pid_n
@@ -567,14 +592,18 @@ def w12_candidates(b: int) -> list[KernelConfig]:
             2: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4), (8, 512, 2, 4),
                 (32, 512, 1, 4)],
             4: [(16, 512, 1, 4), (16, 512, 2, 4), (8, 512, 1, 4)]}.get(b, [])
-    cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1) for bn, bk, s, w in gemv]
+    # the unpipelined loop with its first escape chunk deferred (faster on both shapes that
+    # picked it; docs/BENCHMARKS.md fourteenth run)
+    cfgs = [K(bm=b, bn=bn, bk=bk, split_k=s, warps=w, variant=1 | DEFER)
+            for bn, bk, s, w in gemv]
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
     if b <= 2:  # the loop pipelined through shared memory: wins on some shapes (one-warp
-        # programs with 2 stages: docs/BENCHMARKS.md thirteenth run)
-        cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, stages=p, variant=1 | PIPE)
+        # programs with 2 stages: thirteenth run); the deferred escape chunk wins on some
+        # shapes, loses on others (fourteenth run): both
+        cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, stages=p, variant=1 | PIPE | d)
                  for bn, bk, w, p in ((4, 512, 2, 3), (8, 1024, 4, 3), (4, 1024, 1, 2),
-                                      (2, 1024, 1, 2))]
+                                      (2, 1024, 1, 2)) for d in (0, DEFER)]
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
     dots = {16: [(32, 512, 1, 4, 2, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
@@ -608,9 +637,10 @@ def w12_candidates(b: int) -> list[KernelConfig]:
 def w12_default_config(n: int, k: int, m: int) -> KernelConfig:
     """An untuned but reasonable W12 config (used when the tuned table has no entry)."""
     if m <= 1:
-        return KernelConfig(bm=1, bn=8, bk=512, split_k=2 if n <= 6144 else 1, warps=4)
+        return KernelConfig(bm=1, bn=8, bk=512, split_k=2 if n <= 6144 else 1, warps=4,
+                            variant=1 | DEFER)
     if m <= 4:
-        return KernelConfig(bm=4 if m > 2 else 2, bn=16, bk=512, warps=4)
+        return KernelConfig(bm=4 if m > 2 else 2, bn=16, bk=512, warps=4, variant=1 | DEFER)
     if m <= 16:
         return KernelConfig(bm=16, bn=64, bk=256, split_k=2, warps=4, stages=3, dot=True,
                             variant=5)
@@ -657,7 +687,8 @@ def kernel_constants(k: int, kp: int, gw: int, cfg: KernelConfig, f32_dot: bool 
         "USE_DOT": cfg.dot, "F32_DOT": f32_dot, "EVEN": even,
         "USE_ASM": bool(cfg.variant & 1) and not interpreting(), "SWAP": bool(cfg.variant & 2),
         "ECH": escape_chunk(cfg.bm, cfg.bn), "SLICED": cfg.dot and bool(cfg.variant & 4),
-        "PDL": use_pdl, "LOOP_STAGES": cfg.stages if cfg.variant & PIPE and not cfg.dot else None}
+        "PDL": use_pdl, "LOOP_STAGES": cfg.stages if cfg.variant & PIPE and not cfg.dot else None,
+        "ESC_DEFER": bool(cfg.variant & DEFER) and not cfg.dot}
 
 
 def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tensor | None = None,
