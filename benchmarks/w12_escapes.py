@@ -1,0 +1,97 @@
+"""What the W12 GEMV's escape correction costs, and what deferring its first chunk saves, on
+one GPU: for each shape and batch, the shipped table's GEMV pick launched three ways,
+alternating three times in one process:
+
+  ship     the pick as the table has it
+  flip     the same config with the `DEFER` bit flipped (the first escape chunk spread over
+           the first two K steps, or done inside the first step)
+  no-esc   the pick on the same weights with an empty escape table (escapes decode as their
+           placeholder): the escape path's whole cost, compared against its own reference
+
+    PYTHONPATH=. python3 benchmarks/w12_escapes.py [--shapes qkv_32B,o_32B] [--batches 1,2]
+
+Shapes whose pick is not a GEMV (tensor-core paths) are skipped. Timing as in w12_bench.py
+(CUDA graphs over weight copies rotated past the L2, medians); every launch is checked
+against its fp32 reference, NaN-poisoned outputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import statistics
+
+import torch
+
+from benchmarks.w12_bench import ALL_SHAPES, SHAPES, make_problems, w12_copies
+from specpilot.kernels import w12 as fmt
+from specpilot.kernels.tuning import graph_timer, load_table, tune
+from specpilot.kernels.w12_triton import DEFER
+
+
+def no_escapes(p: fmt.W12Weight) -> fmt.W12Weight:
+    """p with an empty escape table (its escapes then decode as the placeholder)."""
+    none = {"esc_rowptr": torch.zeros_like(p.esc_rowptr), "esc_row": p.esc_row[:0],
+            "esc_col": p.esc_col[:0], "esc_bits": p.esc_bits[:0]}
+    return fmt.W12Weight(p.n, p.k, **{**p.tensors(), **none})
+
+
+def run_shape(name: str, batch: int, table, rounds: int = 3) -> dict | None:
+    w, _, rot = w12_copies(name)
+    n, k = w.shape
+    ship = table.lookup("w12", n, k, batch)
+    if ship is None or ship.dot:
+        return None
+    empty = [no_escapes(p) for p in rot]
+    probs = {"ship": make_problems(n, k, batch, [w], rot)["w12"]}
+    probs["flip"] = probs["ship"]
+    noesc = make_problems(n, k, batch, [fmt.unpack(empty[0])], empty)["w12"]
+    probs["no-esc"] = noesc
+    cfgs = {"ship": ship, "flip": dataclasses.replace(ship, variant=ship.variant ^ DEFER),
+            "no-esc": ship}
+    times = {key: [] for key in probs}
+    bad = []
+    for _ in range(rounds):
+        for key, prob in probs.items():
+            r = tune((n, k), batch, [cfgs[key]], graph_timer, problem=prob, checks=1)[0]
+            times[key].append(r.median_us)
+            if not r.correct:
+                bad.append(key)
+    med = {key: statistics.median(v) for key, v in times.items()}
+    return {"shape": name, "batch": batch, "ship": ship.label, "flip": cfgs["flip"].label,
+            "us": med, "runs": times, "failed": bad}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--batches", default="1,2")
+    args = ap.parse_args()
+    shapes = args.shapes.split(",")
+    for name in shapes:
+        if name not in ALL_SHAPES:
+            raise SystemExit(f"unknown shape {name!r}; known: {', '.join(ALL_SHAPES)}")
+    table = load_table(torch.cuda.get_device_name())
+    rows = []
+    print(f"{'shape':12s} {'B':>2s} {'ship':26s} {'us':>7s} {'flip us':>8s} {'flip/ship':>9s} "
+          f"{'no-esc us':>9s} {'esc cost':>8s}  failed")
+    for name in shapes:
+        for b in (int(x) for x in args.batches.split(",")):
+            r = run_shape(name, b, table)
+            torch.cuda.empty_cache()
+            if r is None:
+                print(f"{name:12s} {b:2d} (tensor-core pick, skipped)")
+                continue
+            rows.append(r)
+            us = r["us"]
+            print(f"{name:12s} {b:2d} {r['ship']:26s} {us['ship']:7.2f} {us['flip']:8.2f} "
+                  f"{us['flip'] / us['ship']:9.3f} {us['no-esc']:9.2f} "
+                  f"{us['ship'] / us['no-esc'] - 1:8.1%}  {r['failed'] or ''}", flush=True)
+    if rows:
+        g = math.exp(sum(math.log(r["us"]["flip"] / r["us"]["ship"]) for r in rows) / len(rows))
+        print(f"flipping DEFER on the shipped picks: geomean time {g:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
