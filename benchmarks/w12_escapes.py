@@ -25,6 +25,7 @@ import statistics
 import torch
 
 from benchmarks.w12_bench import ALL_SHAPES, SHAPES, make_problems, w12_copies
+from benchmarks.w12_probe import names_in
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import graph_timer, load_table, tune
 from specpilot.kernels.w12_triton import DEFER
@@ -68,10 +69,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="1,2")
     args = ap.parse_args()
-    shapes = args.shapes.split(",")
-    for name in shapes:
-        if name not in ALL_SHAPES:
-            raise SystemExit(f"unknown shape {name!r}; known: {', '.join(ALL_SHAPES)}")
+    shapes = names_in(args.shapes, ALL_SHAPES, "shape")
     table = load_table(torch.cuda.get_device_name())
     rows = []
     print(f"{'shape':12s} {'B':>2s} {'ship':26s} {'us':>7s} {'flip us':>8s} {'flip/ship':>9s} "

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
 import statistics
 import sys
 
@@ -154,21 +153,18 @@ def mma_rate() -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qkv_32B,gate_up_32B,down_8B")
-    ap.add_argument("--probes", default=",".join(PROBES))
     ap.add_argument("--mma", action="store_true", help="also time the mma.sync rate")
-    ap.add_argument("--child", nargs=2, metavar=("PROBE", "SHAPE"))
-    a = ap.parse_args()
-    if a.child:
-        print("RESULT " + json.dumps(child(*a.child)), flush=True)
+    from benchmarks.w12_bench import SHAPES
+    from benchmarks.w12_probe import names_in, parse_or_run_child, run_child
+
+    a = parse_or_run_child(ap, PROBES, child)
+    if a is None:
         return
-    probes = a.probes.split(",")
-    bad = [p for p in probes if p not in PROBES]
-    if bad:
-        raise SystemExit(f"unknown probe {bad[0]!r}: pick from {', '.join(PROBES)}")
-    from benchmarks.w12_probe import run_child
+    probes = names_in(a.probes, PROBES, "probe")
+    shapes = names_in(a.shapes, SHAPES, "shape")
 
     rows = []
-    for shape in a.shapes.split(","):
+    for shape in shapes:
         for probe in probes:
             row = run_child(__file__, ["--child", probe, shape], f"{shape} {probe}")
             if row:

@@ -20,7 +20,6 @@ shipped pick is its instructions; if not, it is the loop's latency structure.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 
 PROBES = ("shipped", "no-decode", "no-x", "bare")
@@ -89,32 +88,24 @@ def child(probe: str, shape: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qkv_32B,o_32B,down_32B,down_8B,qkv_8B,o_8B")
-    ap.add_argument("--probes", default=",".join(PROBES))
-    ap.add_argument("--child", nargs=2, metavar=("PROBE", "SHAPE"))
-    a = ap.parse_args()
-    if a.child:
-        print("RESULT " + json.dumps(child(*a.child)), flush=True)
-        return
-    probes = a.probes.split(",")
-    bad = [p for p in probes if p not in PROBES]
-    if bad:
-        raise SystemExit(f"unknown probe {bad[0]!r}: pick from {', '.join(PROBES)}")
     from benchmarks.w12_bench import ALL_SHAPES
-    from benchmarks.w12_probe import run_child
+    from benchmarks.w12_probe import names_in, parse_or_run_child, run_child
 
-    bad = [s for s in a.shapes.split(",") if s not in ALL_SHAPES]
-    if bad:
-        raise SystemExit(f"unknown shape {bad[0]!r}: pick from {', '.join(ALL_SHAPES)}")
+    a = parse_or_run_child(ap, PROBES, child)
+    if a is None:
+        return
+    probes = names_in(a.probes, PROBES, "probe")
+    shapes = names_in(a.shapes, ALL_SHAPES, "shape")
 
     rows = {}
-    for shape in a.shapes.split(","):
+    for shape in shapes:
         for probe in probes:
             row = run_child(__file__, ["--child", probe, shape], f"{shape} {probe}")
             if row:
                 rows[(shape, probe)] = row
     print(f"\n{'shape':12} {'pick':26} {'read us':>8} {'bf16 us':>8} "
           + " ".join(f"{p:>10}" for p in probes))
-    for shape in a.shapes.split(","):
+    for shape in shapes:
         ship = rows.get((shape, "shipped"), {})
         cells = [f"{rows[(shape, p)]['us']:10.2f}" if (shape, p) in rows else f"{'-':>10}"
                  for p in probes]

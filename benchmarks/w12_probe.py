@@ -134,6 +134,29 @@ def run_child(script: str, args: list[str], what: str) -> dict | None:
     return row
 
 
+def parse_or_run_child(ap: argparse.ArgumentParser, probes, child) -> argparse.Namespace | None:
+    """Add --probes (default: every one of `probes`) and --child PROBE SHAPE to `ap` and
+    parse; with --child, run `child(probe, shape)` here, print its RESULT line and return
+    None (the parent, `run_child`, reads it)."""
+    ap.add_argument("--probes", default=",".join(probes))
+    ap.add_argument("--child", nargs=2, metavar=("PROBE", "SHAPE"))
+    a = ap.parse_args()
+    if a.child:
+        print("RESULT " + json.dumps(child(*a.child)), flush=True)
+        return None
+    return a
+
+
+def names_in(names: str, known, what: str) -> list[str]:
+    """A comma-separated list of names, each checked against `known` (a one-line exit
+    naming the first unknown one)."""
+    out = names.split(",")
+    bad = [n for n in out if n not in known]
+    if bad:
+        raise SystemExit(f"unknown {what} {bad[0]!r}: pick from {', '.join(known)}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qkv_32B,down_8B")
@@ -144,9 +167,10 @@ def main() -> None:
     if a.child:
         print("RESULT " + json.dumps(child(a.child[0], a.child[1], a.batch)), flush=True)
         return
+    probes = names_in(a.probes, PROBES, "probe")
     rows = []
     for shape in a.shapes.split(","):
-        for probe in a.probes.split(","):
+        for probe in probes:
             row = run_child(__file__, ["--batch", str(a.batch), "--child", probe, shape],
                             f"{shape} {probe}")
             if row:
