@@ -42,7 +42,7 @@ def _patch(probe: str) -> None:
         w12_triton._decode_f32 = words_as_weights
     if probe in ("no-x", "bare"):
         @triton.jit
-        def const_x(x_ptr, m, M, stride_xm, cols, K, EVEN: tl.constexpr):
+        def const_x(xp, m, M, cols, K, EVEN: tl.constexpr):
             return tl.full(cols.shape, 1.0, tl.float32)
 
         w12_triton._xload = const_x

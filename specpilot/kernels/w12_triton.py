@@ -255,27 +255,34 @@ def _finish(acc, esc, x_ptr, stride_xm, offs_m, m_mask, offs_n, N, scale, ph, lo
 
 
 @triton.jit
-def _xload(x_ptr, m, M, stride_xm, cols, K, EVEN: tl.constexpr):
+def _xload(xp, m, M, cols, K, EVEN: tl.constexpr):
+    """x at pointers xp (row m, columns cols) as fp32; 0 past M and K."""
+    # each load keeps a mask of its own (always true with EVEN): with one mask shared by a
+    # step's 8 loads, or none, ptxas issues most of them after the first products instead
+    # of all at the top of the step (fewer registers, 2-20% slower: docs/BENCHMARKS.md
+    # fifteenth run)
     if EVEN:
-        v = tl.load(x_ptr + m * stride_xm + cols, mask=(m < M) & (cols >= 0), other=0.0,
-                    eviction_policy="evict_last")
+        v = tl.load(xp, mask=(m < M) & (cols >= 0), other=0.0, eviction_policy="evict_last")
     else:
-        v = tl.load(x_ptr + m * stride_xm + cols, mask=(m < M) & (cols < K), other=0.0,
-                    eviction_policy="evict_last")
+        v = tl.load(xp, mask=(m < M) & (cols < K), other=0.0, eviction_policy="evict_last")
     return v.to(tl.float32)
 
 
 @triton.jit
 def _fma8(acc, f0, f1, f2, f3, f4, f5, f6, f7, x_ptr, m, M, stride_xm, xcol, GW: tl.constexpr,
           K, EVEN: tl.constexpr):
-    acc += f0 * _xload(x_ptr, m, M, stride_xm, xcol, K, EVEN)
-    acc += f1 * _xload(x_ptr, m, M, stride_xm, xcol + GW, K, EVEN)
-    acc += f2 * _xload(x_ptr, m, M, stride_xm, xcol + 2 * GW, K, EVEN)
-    acc += f3 * _xload(x_ptr, m, M, stride_xm, xcol + 3 * GW, K, EVEN)
-    acc += f4 * _xload(x_ptr, m, M, stride_xm, xcol + 4 * GW, K, EVEN)
-    acc += f5 * _xload(x_ptr, m, M, stride_xm, xcol + 5 * GW, K, EVEN)
-    acc += f6 * _xload(x_ptr, m, M, stride_xm, xcol + 6 * GW, K, EVEN)
-    acc += f7 * _xload(x_ptr, m, M, stride_xm, xcol + 7 * GW, K, EVEN)
+    """acc += each word's 8 weights times x: weight i at column xcol + i * GW. The loads
+    share one pointer tensor, so their offsets fold into the load instructions (no address
+    arithmetic a load)."""
+    xp = x_ptr + m * stride_xm + xcol
+    acc += f0 * _xload(xp, m, M, xcol, K, EVEN)
+    acc += f1 * _xload(xp + GW, m, M, xcol + GW, K, EVEN)
+    acc += f2 * _xload(xp + 2 * GW, m, M, xcol + 2 * GW, K, EVEN)
+    acc += f3 * _xload(xp + 3 * GW, m, M, xcol + 3 * GW, K, EVEN)
+    acc += f4 * _xload(xp + 4 * GW, m, M, xcol + 4 * GW, K, EVEN)
+    acc += f5 * _xload(xp + 5 * GW, m, M, xcol + 5 * GW, K, EVEN)
+    acc += f6 * _xload(xp + 6 * GW, m, M, xcol + 6 * GW, K, EVEN)
+    acc += f7 * _xload(xp + 7 * GW, m, M, xcol + 7 * GW, K, EVEN)
     return acc
 
 
