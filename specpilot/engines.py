@@ -115,9 +115,12 @@ def resolve_knobs(d: dict) -> Knobs:
 
 
 def content_hash(knobs: Knobs, overlay: dict[str, str]) -> str:
-    """sha256 over canonical knobs JSON + overlay files + the stock runtime hash (16 hex)."""
+    """sha256 over the effective knobs' canonical JSON (`Knobs.effective`: knobs that
+    change nothing do not make another engine) + overlay files + the stock runtime hash (16
+    hex)."""
     h = hashlib.sha256()
-    h.update(json.dumps(portable_knobs(knobs), sort_keys=True, separators=(",", ":")).encode())
+    h.update(json.dumps(portable_knobs(knobs.effective()), sort_keys=True,
+                        separators=(",", ":")).encode())
     for path in sorted(overlay):
         h.update(f"\0{path}\0".encode())
         h.update(overlay[path].encode())

@@ -43,6 +43,23 @@ def test_hash_is_stable_and_sensitive():
     assert EngineSpec("d", "final", k, parents=("c1",), run_id="r").hash == h
 
 
+def test_knobs_that_change_nothing_do_not_make_another_engine():
+    block = Knobs(drafter="block:/x", k=4)
+    ngram = Knobs(drafter="ngram", k=4)
+    ar = Knobs()
+    # n-gram sizes only count with the n-gram drafter, k only with a drafter, a per-batch k
+    # only where it differs from k
+    assert content_hash(block.with_(ngram_max=5, ngram_min=2), {}) == content_hash(block, {})
+    assert content_hash(ngram.with_(ngram_max=5), {}) != content_hash(ngram, {})
+    assert content_hash(ar.with_(k=7, k_per_batch={4: 2}), {}) == content_hash(ar, {})
+    assert content_hash(ngram.with_(k_per_batch={4: 4}), {}) == content_hash(ngram, {})
+    assert content_hash(ngram.with_(k_per_batch={4: 2}), {}) != content_hash(ngram, {})
+    assert content_hash(block.with_(k=5), {}) != content_hash(block, {})
+    # the knobs themselves are kept as given (engine.toml shows what was proposed)
+    assert block.with_(ngram_max=5).effective() == block
+    assert block.with_(ngram_max=5).ngram_max == 5
+
+
 def test_portable_knobs_round_trip():
     k = Knobs(drafter=f"draft:{ROOT / 'models' / 'tiny-draft'}", k=3, k_per_batch={4: 2})
     d = portable_knobs(k)

@@ -35,6 +35,21 @@ class Knobs:
             return 0
         return self.k_per_batch.get(batch_size, self.k)
 
+    def effective(self) -> Knobs:
+        """These knobs with every one that cannot change what the engine does set back to
+        its default: the n-gram sizes unless the drafter is the n-gram one, k and its
+        per-batch overrides without a drafter, a per-batch k equal to k. Two knob sets with
+        the same effective knobs run the same engine (the engine hash is over these)."""
+        default = Knobs()
+        change = {}
+        if self.drafter != "ngram":
+            change |= {"ngram_min": default.ngram_min, "ngram_max": default.ngram_max}
+        if self.drafter is None:
+            change |= {"k": default.k, "k_per_batch": {}}
+        else:
+            change["k_per_batch"] = {b: k for b, k in self.k_per_batch.items() if k != self.k}
+        return replace(self, **change)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["k_per_batch"] = {str(b): v for b, v in self.k_per_batch.items()}
