@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 
 import torch
@@ -208,9 +209,10 @@ def main() -> None:
         print(f"{name:12s} read {r['read_us']:6.2f}  shipped {r['ship_us']:6.2f} "
               f"({r['ship']})  best TMA {real[best]:6.2f} ({best})  TMA bare {bare:6.2f}  "
               f"failed {bad}", flush=True)
-    if a.json:
-        with open(a.json, "w") as f:
+    if a.json:  # whole or not at all
+        with open(a.json + ".tmp", "w") as f:
             json.dump(rows, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
 
 
 if __name__ == "__main__":
