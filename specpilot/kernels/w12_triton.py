@@ -606,11 +606,13 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if b == 1:
         cfgs.append(K(bm=1, bn=8, bk=512, variant=0))  # plain-op decode, for comparison
     if b <= 2:  # the loop pipelined through shared memory: wins on some shapes (one-warp
-        # programs with 2 stages: thirteenth run); the deferred escape chunk wins on some
-        # shapes, loses on others (fourteenth run): both
+        # programs with 2 stages: thirteenth run; 8 rows of 1-2 warps with 3 stages at
+        # batch 2: sixteenth run); the deferred escape chunk wins on some shapes, loses on
+        # others (fourteenth run): both
         cfgs += [K(bm=b, bn=bn, bk=bk, warps=w, stages=p, variant=1 | PIPE | d)
                  for bn, bk, w, p in ((4, 512, 2, 3), (8, 1024, 4, 3), (4, 1024, 1, 2),
-                                      (2, 1024, 1, 2)) for d in (0, DEFER)]
+                                      (2, 1024, 1, 2), (8, 1024, 1, 3), (8, 512, 2, 3))
+                 for d in (0, DEFER)]
     # (bn, bk, split_k, warps, stages, variant): 5 = sliced x W^T (mma.sync), 7 = sliced
     # W x^T (wgmma, A from registers)
     dots = {16: [(32, 512, 1, 4, 2, 5), (64, 256, 2, 4, 3, 5), (64, 512, 1, 4, 3, 5),
