@@ -46,7 +46,8 @@ def _pick(recs, finish=None, min_len=6):
     for i, r in enumerate(recs):
         if len(r["output_ids"]) >= min_len and (finish is None or r["finish"] == finish):
             return i
-    pytest.skip(f"no record with finish={finish} and >= {min_len} tokens from this checkpoint")
+    # the checkpoint and prompts are fixed: a missing case means the fixture changed
+    pytest.fail(f"no record with finish={finish} and >= {min_len} tokens from this checkpoint")
 
 
 def _only(v, request):
@@ -82,8 +83,7 @@ def test_swapped_tokens(ref, honest):
     recs = copy.deepcopy(honest)
     i = next((j for j, r in enumerate(recs) if len(r["output_ids"]) >= 5
               and r["output_ids"][2] != r["output_ids"][3]), None)
-    if i is None:
-        pytest.skip("no record with two distinct neighbouring tokens")
+    assert i is not None, "no record with two distinct neighbouring tokens (fixture changed?)"
     out = recs[i]["output_ids"]
     a, b = out[2], out[3]
     out[2], out[3] = b, a
@@ -153,6 +153,8 @@ def test_without_max_new_tokens_length_is_unchecked(ref, honest):
     ([{"prompt_ids": [], "output_ids": [1]}], "empty prompt"),
     ([{"prompt_ids": [1, 2]}], "output_ids"),
     ([{"prompt_ids": [1, 10**6], "output_ids": [1]}], "outside the vocabulary"),
+    ([{"prompt_ids": [1, 2], "output_ids": [1], "max_new_tokens": "x"}], "max_new_tokens"),
+    ([{"prompt_ids": [1, 2], "output_ids": [1], "max_new_tokens": -1}], "max_new_tokens"),
 ])
 def test_bad_input(ref, records, msg):
     with pytest.raises(SpecPilotError, match=msg):
@@ -192,6 +194,60 @@ def test_cli_exit_codes(qwen3_dir, honest, tmp_path, ref):
     (tmp_path / "junk.jsonl").write_text("{not json\n")
     r = _cli("--model", str(qwen3_dir), "--outputs", str(tmp_path / "junk.jsonl"))
     assert r.returncode == 2 and "not valid JSON" in r.stderr
+
+
+def test_cli_relative_model_is_the_callers(qwen3_dir, honest, tmp_path):
+    """--model given relative to the caller's directory names that checkpoint, not one
+    relative to the reference worker's (the stock root)."""
+    (tmp_path / "ck").symlink_to(qwen3_dir, target_is_directory=True)
+    recs = tmp_path / "honest.jsonl"
+    recs.write_text("".join(json.dumps(r) + "\n" for r in honest))
+    r = subprocess.run(check=False, args=[sys.executable, "-m", "specpilot", "verify", "--model",
+                                          "ck", "--outputs", "honest.jsonl", "--max-new-tokens",
+                                          str(MNT), "--json"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["passed"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+    (["--tie-margin", "-1"], "--tie-margin must be >= 0"),
+    (["--device", "tpu"], "unknown device 'tpu'"),
+    (["--dtype", "int8"], "unknown dtype 'int8'"),
+])
+def test_cli_bad_options_are_input_errors(qwen3_dir, honest, tmp_path, args, needle):
+    """A bad option is exit 2 with one line, never a FAILED verdict."""
+    recs = tmp_path / "honest.jsonl"
+    recs.write_text("".join(json.dumps(r) + "\n" for r in honest))
+    r = _cli("--model", str(qwen3_dir), "--outputs", str(recs), *args)
+    assert r.returncode == 2 and needle in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\xff\xfe\x00binary", "cannot read outputs file"),
+    (b'{"requests": 5}', "not a bench result"),
+    (b'{"requests": [], "settings": 3}', "not a bench result"),
+])
+def test_cli_damaged_outputs_file(qwen3_dir, tmp_path, content, needle):
+    f = tmp_path / "out.json"
+    f.write_bytes(content)
+    r = _cli("--model", str(qwen3_dir), "--outputs", str(f))
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_damaged_calibration_file_is_a_clear_error(qwen3_dir, tmp_path, monkeypatch):
+    from specpilot.forcing.calibrate import calibration_path, tie_margin
+
+    monkeypatch.setenv("SPECPILOT_DATA", str(tmp_path))
+    path = calibration_path("cpu", "bfloat16")
+    path.parent.mkdir(parents=True)
+    for text in ("{not json", '{"diffs": {}}'):
+        path.write_text(text)
+        with LocalReference(qwen3_dir, "cpu", "bfloat16") as r, \
+                pytest.raises(SpecPilotError, match="damaged: delete it"):
+            tie_margin(r)
 
 
 def _key(v):

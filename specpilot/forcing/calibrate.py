@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from ..deployment import data_dir
+from ..runtime.errors import SpecPilotError
 
 DEFAULT_FACTOR = 4.0  # 2x covers a top-1 minus committed gap of two noisy logits; 2x headroom
 
@@ -55,7 +56,12 @@ def tie_margin(reference) -> tuple[float, str]:
         reference.start()  # the worker names the device (e.g. "NVIDIA H200")
     path = calibration_path(reference.device_name, reference.dtype)
     if path.is_file():
-        return float(json.loads(path.read_text())["margin"]), str(path)
+        try:
+            return float(json.loads(path.read_text())["margin"]), str(path)
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+            raise SpecPilotError(f"calibration file {path} is unreadable or damaged: delete it "
+                                 f"and run `specpilot verify --calibrate --model DIR --device "
+                                 f"{reference.device} --dtype {reference.dtype}`") from None
     return 0.0, (f"uncalibrated for {reference.device_name}/{reference.dtype}: run "
                  f"`specpilot verify --calibrate --model DIR --device {reference.device} "
                  f"--dtype {reference.dtype}`")

@@ -55,7 +55,9 @@ class LocalReference:
 
     def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: str = "float32",
                  root: str | Path | None = None):
-        self.model_dir = str(model_dir)
+        # absolute: the worker runs in the stock root, where a relative path would name
+        # another directory (or another checkpoint)
+        self.model_dir = str(Path(model_dir).resolve())
         self.device, self.dtype = device, dtype
         self.root = Path(root) if root else stock_root()
         self.vocab_size, self.eos_ids = _model_facts(self.model_dir)

@@ -19,14 +19,21 @@ def load_records(path: str | Path) -> tuple[list[dict], int | None]:
     p = Path(path)
     if not p.is_file():
         raise SpecPilotError(f"no outputs file {p}: give a JSONL of records or a bench result")
-    text = p.read_text()
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecPilotError(f"cannot read outputs file {p} ({getattr(e, 'strerror', None) or e}):"
+                             " give a readable JSONL of records or a bench result") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
         data = None
     if isinstance(data, dict) and "requests" in data:
-        mnt = data.get("settings", {}).get("max_new_tokens")
-        return list(data["requests"]), mnt
+        settings = data.get("settings", {})
+        if not isinstance(data["requests"], list) or not isinstance(settings, dict):
+            raise SpecPilotError(f"{p} is not a bench result: its requests must be a list and "
+                                 "its settings an object")
+        return list(data["requests"]), settings.get("max_new_tokens")
     if isinstance(data, list):
         return data, None
     if isinstance(data, dict):
@@ -72,12 +79,34 @@ def print_verdict(v: Verdict, console=None, limit: int = 20) -> None:
     console.print("[dim]" + "; ".join(f"{k}: {KINDS[k]}" for k in kinds) + "[/]")
 
 
+def _check_options(max_new_tokens: int | None, tie_margin: float | None, device: str,
+                   dtype: str) -> None:
+    """Bad options are input errors, not verdicts: reject them before any work."""
+    from ..runtime.cli_commands import DEVICES
+    from ..runtime.loader import DTYPES
+
+    if max_new_tokens is not None and max_new_tokens < 1:
+        raise SpecPilotError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+    if tie_margin is not None and not tie_margin >= 0:
+        raise SpecPilotError(f"--tie-margin must be >= 0, got {tie_margin}")
+    if device not in DEVICES:
+        raise SpecPilotError(f"unknown device {device!r}: use {' or '.join(DEVICES)}")
+    if dtype not in DTYPES:
+        raise SpecPilotError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecPilotError("--device cuda was asked for but no CUDA device is available")
+
+
 def verify_command(model: str | None, outputs: str | None, server: str | None,
                    max_new_tokens: int | None, as_json: bool, calibrate: bool, device: str,
                    dtype: str, tie_margin: float | None) -> int:
     """The body of `specpilot verify`; returns the exit code (0 passed, 1 failed)."""
     if model is None and server is None:
         raise SpecPilotError("give --model DIR (the stock target), or --server URL")
+    _check_options(max_new_tokens, tie_margin, device, dtype)
     if calibrate:
         from .calibrate import calibrate as run
 

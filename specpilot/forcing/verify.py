@@ -85,6 +85,9 @@ def _plan(i: int, rec: dict, max_new_tokens: int | None, vocab: int | None,
     if vocab is not None and any(not 0 <= t < vocab for t in prompt):
         raise SpecPilotError(f"record {i}: a prompt id is outside the vocabulary [0, {vocab})")
     mnt = rec.get("max_new_tokens", max_new_tokens)
+    if mnt is not None and (not isinstance(mnt, int) or isinstance(mnt, bool) or mnt < 0):
+        raise SpecPilotError(f"record {i}: max_new_tokens must be a non-negative integer, "
+                             f"got {mnt!r}")
     rid = None if rec.get("id") is None else str(rec["id"])
     cut, problem = len(output), None
     e = next((j for j, t in enumerate(output) if t in eos), None)
