@@ -67,6 +67,26 @@ def wait_for(path, pred, timeout: float, proc) -> list[dict]:
     raise AssertionError(f"timed out waiting on {path}: {[e['event'] for e in read_events(path)]}")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--agents", "bogus"], "unknown agent 'bogus'"),
+    (["--agents", "llm"], "--agents llm needs --llm"),
+    (["--agents", "replay"], "--agents replay needs --replay-from"),
+    (["--agents", " , "], "--agents names no proposer"),
+    (["--llm", "nosuch:model"], "unknown provider 'nosuch'"),
+])
+def test_bad_search_input_leaves_no_run(search_env, tmp_path, args, needle):
+    """Bad agent options are one-line errors found before Ray starts or the run exists."""
+    _, dep, _ = search_env
+    env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),
+                        "SPECPILOT_DATA": str(tmp_path / "data")}
+    r = subprocess.run([sys.executable, "-m", "specpilot", "search", "--deployment", str(dep),
+                        "--run-id", "bad", "--quiet", *args], env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 2 and needle in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert not (tmp_path / "runs" / "bad").exists()
+
+
 @pytest.mark.slow
 def test_search_rejects_bad_candidates_and_resumes_after_kill(search_env, ray_address,
                                                              monkeypatch):

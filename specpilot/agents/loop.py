@@ -36,7 +36,7 @@ from .inputs import cost_model, editable_files, load_prompts
 from .interleave import Entrant, interleaved
 from .merge import Lineage, MergeConflict, merge_knobs, merge_overlays
 from .promotion import finish
-from .ray_env import agent_actor, start_ray
+from .ray_env import agent_actor, make_agent, start_ray
 
 
 @dataclass
@@ -93,6 +93,14 @@ class Search:
             raise SpecPilotError(f"nothing to resume: no trace in {run_dir}")
         if not cfg.resume and (run_dir / "trace.jsonl").is_file():
             raise SpecPilotError(f"run {self.run_id} exists: use --resume {self.run_id}")
+        # every input is checked before the run directory exists: bad input leaves no run
+        if not cfg.agents:
+            raise SpecPilotError("--agents names no proposer: use heuristic, llm, replay or kernel")
+        for kind in cfg.agents:
+            make_agent(kind, cfg, self.dep)
+        tok = Tokenizer(self.dep.target)
+        self.dev = load_prompts(self.dep.dev_workload, tok, cfg.dev_limit)
+        self.gate_prompts = load_prompts(self.dep.gate_workload, tok, cfg.gate_limit)
         self.trace = Trace(run_dir)
         self.st = State()
         self.lineage = Lineage()
@@ -381,9 +389,6 @@ class Search:
             self.log("run_started", None, (), deployment=dep.name, config=cfg.__dict__,
                      device=dep.device, target=dep.target, pid=os.getpid(),
                      resumed=cfg.resume)
-            tok = Tokenizer(dep.target)
-            self.dev = load_prompts(dep.dev_workload, tok, cfg.dev_limit)
-            self.gate_prompts = load_prompts(dep.gate_workload, tok, cfg.gate_limit)
             self.limit_s, self.bound = cfg.eval_time_limit_s or 600.0, 0.0
             self.actors = [self.new_actor() for _ in range(max(1, cfg.workers))]
             stock = EngineSpec(dep.name, "stock", dep.stock_knobs(), run_id=self.run_id)
