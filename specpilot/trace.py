@@ -2,7 +2,9 @@
 
 Every event carries `event`, `time`, `candidate` and `parents`. A run killed at any moment
 leaves at worst a torn last line, which `read_events` skips, so a resumed run sees every
-event that was fully written. `candidates/<id>/` holds each candidate's knobs and overlay.
+event that was fully written; a line that parses but is not an event (hand-edited, damaged)
+is skipped too, and `runs list`/`runs show` name it. Reading a run never writes to it: only
+`append` repairs a torn last line. `candidates/<id>/` holds each candidate's knobs and overlay.
 Secrets never reach a trace: `scrub` masks anything that looks like an API key.
 `list_runs`, `show_run` and `write_report` are the `specpilot runs` commands.
 """
@@ -12,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,10 +62,11 @@ class Trace:
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / "trace.jsonl"
-        self._repair()
+        self._repaired = False  # repaired on the first append: reading never writes
 
     def _repair(self) -> None:
         """A torn last line (kill -9 mid-write) gets a newline so new events start clean."""
+        self._repaired = True
         if self.path.is_file() and self.path.stat().st_size:
             with open(self.path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
@@ -76,6 +81,8 @@ class Trace:
         rec = {"event": event, "time": time.time(), "candidate": candidate,
                "parents": list(parents), **scrub(data)}
         line = json.dumps(rec, sort_keys=False, default=str)
+        if not self._repaired:
+            self._repair()
         with open(self.path, "a") as f:
             f.write(line + "\n")
             f.flush()
@@ -96,19 +103,36 @@ class Trace:
         return d
 
 
-def read_events(path: Path) -> list[dict]:
+def read_events(path: Path, damaged: list[int] | None = None) -> list[dict]:
+    """The events of a trace in order. Unparsable lines (torn by a killed run) are skipped;
+    lines that parse but are not an event object are skipped and their numbers (from 1)
+    appended to `damaged`. An unreadable file is a one-line SpecPilotError."""
     out = []
     if not Path(path).is_file():
         return out
-    for line in Path(path).read_text().splitlines():
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        raise SpecPilotError(f"cannot read {path} ({e.strerror}): check its permissions") from None
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line:
             continue
         try:
-            out.append(json.loads(line))
+            rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn line from a killed run
+        if isinstance(rec, dict) and isinstance(rec.get("event"), str):
+            out.append(rec)
+        elif damaged is not None:
+            damaged.append(n)
     return out
+
+
+def _damage_note(path: Path, lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return (f"{path}: line{'s' if len(lines) > 1 else ''} {shown} "
+            f"{'are' if len(lines) > 1 else 'is'} not a trace event; skipped")
 
 
 def open_run(run_id: str) -> Trace:
@@ -130,6 +154,7 @@ class RunSummary:
     best: str
     best_speedup: float | None
     ci95: tuple[float, float] | None
+    damaged: tuple[int, ...] = ()  # trace lines that are not events (skipped)
 
 
 def candidate_table(events: list[dict]) -> dict[str, dict]:
@@ -172,7 +197,8 @@ def _speed(sp, ci) -> str:
 
 
 def summarize(run_dir: Path) -> RunSummary:
-    ev = read_events(run_dir / "trace.jsonl")
+    damaged: list[int] = []
+    ev = read_events(run_dir / "trace.jsonl", damaged)
     start = next((e for e in ev if e["event"] == "run_started"), {})
     fin = next((e for e in reversed(ev) if e["event"] == "run_finished"), None)
     return RunSummary(
@@ -180,14 +206,48 @@ def summarize(run_dir: Path) -> RunSummary:
         started=start.get("time", 0.0), finished=fin is not None,
         evaluations=sum(1 for e in ev if e["event"] == "bench"),
         best=(fin or {}).get("best", ""), best_speedup=(fin or {}).get("speedup_vs_stock"),
-        ci95=tuple((fin or {}).get("ci95") or ()) or None)
+        ci95=tuple((fin or {}).get("ci95") or ()) or None, damaged=tuple(damaged))
 
 
 def list_runs() -> list[RunSummary]:
+    """Every run's summary; a damaged or unreadable run is named on stderr, not fatal."""
     root = runs_dir()
     if not root.is_dir():
         return []
-    return [summarize(d) for d in sorted(root.iterdir()) if (d / "trace.jsonl").is_file()]
+    out = []
+    for d in sorted(root.iterdir()):
+        if not (d / "trace.jsonl").is_file():
+            continue
+        try:
+            s = summarize(d)
+        except SpecPilotError as e:
+            print(f"warning: run {d.name} skipped: {e}", file=sys.stderr)
+            continue
+        if s.damaged:
+            print(f"warning: run {d.name}: {_damage_note(d / 'trace.jsonl', list(s.damaged))}",
+                  file=sys.stderr)
+        out.append(s)
+    return out
+
+
+def read_lineage(run_dir: Path) -> dict | None:
+    """A run's lineage.json ({"nodes", "edges"}), None if it has none; a corrupt one is a
+    one-line SpecPilotError naming the file."""
+    f = Path(run_dir) / "lineage.json"
+    if not f.is_file():
+        return None
+    try:
+        d = json.loads(f.read_text())
+    except OSError as e:
+        raise SpecPilotError(f"cannot read {f} ({e.strerror}): check its permissions") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SpecPilotError(f"{f} is not valid JSON ({e}): restore or delete it") from None
+    edges = d.get("edges", []) if isinstance(d, dict) else None
+    if not (isinstance(edges, list) and isinstance(d.get("nodes", []), list)
+            and all(isinstance(e, list) and len(e) == 2 for e in edges)):
+        raise SpecPilotError(f"{f} is not a lineage (an object with node and [from, to] edge "
+                             "lists): restore or delete it")
+    return d
 
 
 def show_run(run_id: str, console=None) -> None:
@@ -197,8 +257,12 @@ def show_run(run_id: str, console=None) -> None:
 
     console = console or Console()
     tr = open_run(run_id)
-    ev = tr.events()
+    damaged: list[int] = []
+    ev = read_events(tr.path, damaged)
     s = summarize(tr.dir)
+    lineage = read_lineage(tr.dir)
+    if damaged:
+        console.print(f"[yellow]warning:[/] {_damage_note(tr.path, damaged)}")
     console.print(f"[bold]run {run_id}[/] deployment {s.deployment}, {s.evaluations} "
                   f"evaluations, {'finished' if s.finished else 'unfinished'}")
     gaps = next((e for e in ev if e["event"] == "gaps"), None)
@@ -232,10 +296,8 @@ def show_run(run_id: str, console=None) -> None:
                       _speed(e.get("speedup_vs_stock"), e.get("ci95")),
                       "yes" if e.get("passed") else "no", str(e.get("reason", ""))[:80])
         console.print(t)
-    lin = tr.dir / "lineage.json"
-    if lin.is_file():
-        d = json.loads(lin.read_text())
-        edges = [f"{a} -> {b}" for a, b in d.get("edges", [])]
+    if lineage is not None:
+        edges = [f"{a} -> {b}" for a, b in lineage.get("edges", [])]
         console.print("lineage: " + ("; ".join(edges) if edges else "(no merges)"))
     if s.finished:
         ci = f" CI95 [{s.ci95[0]:.2f}, {s.ci95[1]:.2f}]" if s.ci95 else ""
@@ -244,10 +306,29 @@ def show_run(run_id: str, console=None) -> None:
 
 
 def write_report(run_id: str, out: Path | None = None) -> Path:
-    """A self-contained HTML report of a run (plots embedded as base64 PNG)."""
+    """A self-contained HTML report of a run (plots embedded as base64 PNG), written to a
+    temporary file beside `out` and renamed into place: never half-written."""
     from .agents.report import render_report
 
     tr = open_run(run_id)
     out = Path(out) if out else tr.dir / "report.html"
-    out.write_text(render_report(run_id, tr.events(), tr.dir))
+    if out.is_dir():
+        raise SpecPilotError(f"--out {out} is a directory: give a file path, e.g. "
+                             f"{out / 'report.html'}")
+    if not out.parent.is_dir():
+        raise SpecPilotError(f"--out {out}: directory {out.parent} does not exist: create it "
+                             "or choose another path")
+    read_lineage(tr.dir)  # a corrupt lineage.json is a one-line error, not a traceback
+    html = render_report(run_id, tr.events(), tr.dir)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; a report is for reading
+        with os.fdopen(fd, "w") as f:
+            f.write(html)
+        os.replace(tmp, out)
+    except OSError as e:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise SpecPilotError(f"cannot write {out} ({e.strerror}): choose another --out") from None
     return out

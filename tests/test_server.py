@@ -301,3 +301,26 @@ def test_serve_command(qwen3_dir, qwen3_draft_dir):
         proc.wait(timeout=60)
     assert proc.returncode in (0, 130)  # newer uvicorn re-raises the SIGINT it handled
     assert "Traceback" not in proc.stderr.read()
+
+
+@pytest.mark.parametrize("port", [-1, 70000])
+def test_out_of_range_port_is_a_one_line_error(port):
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.runtime.server import bind
+
+    with pytest.raises(SpecPilotError, match=rf"--port must be in 1\.\.65535 .*got {port}"):
+        bind("127.0.0.1", port)
+    bind("127.0.0.1", 0).close()  # 0 stays valid: any free port
+
+
+def test_serve_command_rejects_an_out_of_range_port(qwen3_dir):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "specpilot", "serve", "--model", str(qwen3_dir),
+                          "--port", "70000"], check=False, capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("error: --port must be in 1..65535")

@@ -96,3 +96,132 @@ def test_cli_runs_list_and_missing_run(tmp_path, monkeypatch):
     bad = subprocess.run([sys.executable, "-m", "specpilot", "runs", "show", "nope"],
                          check=False, capture_output=True, text=True)
     assert bad.returncode == 2 and "no run 'nope'" in bad.stderr
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "specpilot", *args], check=False,
+                          capture_output=True, text=True)
+
+
+def test_a_line_that_is_not_an_event_is_skipped_and_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
+    sample_run(tmp_path, "r1")
+    bad = sample_run(tmp_path, "r2")
+    lines = bad.path.read_text().splitlines()
+    bad.path.write_text("\n".join([lines[0], '{"foo": 1}', "42", *lines[1:]]) + "\n")
+    runs = list_runs()
+    assert [r.run_id for r in runs] == ["r1", "r2"] and runs[1].finished
+    assert runs[1].damaged == (2, 3) and runs[0].damaged == ()
+    assert "run r2" in capsys.readouterr().err
+    from rich.console import Console
+
+    from specpilot.trace import show_run
+
+    con = Console(record=True, width=200)
+    show_run("r2", con)
+    out = con.export_text()
+    assert "lines 2, 3 are not a trace event" in out and "c001" in out
+    res = _cli("runs", "list")
+    assert res.returncode == 0 and "r1" in res.stdout and "r2" in res.stdout
+    assert "Traceback" not in res.stderr and "run r2" in res.stderr
+
+
+def test_reading_a_run_never_writes_its_trace(tmp_path, monkeypatch):
+    from rich.console import Console
+
+    from specpilot.trace import show_run
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
+    tr = sample_run(tmp_path, "r1")
+    with open(tr.path, "a") as f:
+        f.write('{"event": "bench", "candidate": "c0')  # torn by a kill -9
+    before = tr.path.read_bytes()
+    show_run("r1", Console(record=True, width=200))
+    list_runs()
+    write_report("r1", tmp_path / "r.html")
+    open_run("r1").events()
+    assert tr.path.read_bytes() == before
+
+
+def test_corrupt_lineage_is_a_one_line_error(tmp_path, monkeypatch):
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.trace import show_run
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
+    tr = sample_run(tmp_path, "r1")
+    (tr.dir / "lineage.json").write_text('{"nodes": [')
+    with pytest.raises(SpecPilotError, match="lineage.json is not valid JSON"):
+        show_run("r1")
+    with pytest.raises(SpecPilotError, match="lineage.json is not valid JSON"):
+        write_report("r1", tmp_path / "r.html")
+    assert not (tmp_path / "r.html").exists()
+    (tr.dir / "lineage.json").write_text("[1, 2]")
+    with pytest.raises(SpecPilotError, match="is not a lineage"):
+        show_run("r1")
+    for cmd in (("runs", "show", "r1"), ("runs", "report", "r1")):
+        res = _cli(*cmd)
+        assert res.returncode == 2 and "Traceback" not in res.stderr
+        assert res.stderr.strip().splitlines() == [res.stderr.strip()]
+        assert res.stderr.startswith("error: ") and "lineage.json" in res.stderr
+
+
+def test_unreadable_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    from pathlib import Path
+
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.trace import show_run
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
+    sample_run(tmp_path, "r1")
+    sample_run(tmp_path, "r2")
+    real = Path.read_text
+
+    def read_text(self, *a, **kw):  # chmod 000 does not stop root, so deny it here
+        if self.name == "trace.jsonl" and self.parent.name == "r2":
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    with pytest.raises(SpecPilotError, match=r"cannot read .*r2/trace.jsonl \(Permission denied"):
+        show_run("r2")
+    assert [r.run_id for r in list_runs()] == ["r1"]
+    assert "run r2 skipped: cannot read" in capsys.readouterr().err
+
+
+def test_report_out_is_checked_and_written_atomically(tmp_path, monkeypatch):
+    import os
+
+    import specpilot.trace as T
+    from specpilot.runtime.errors import SpecPilotError
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path / "runs"))
+    sample_run(tmp_path / "runs", "r1")
+    with pytest.raises(SpecPilotError, match="is a directory"):
+        write_report("r1", tmp_path)
+    with pytest.raises(SpecPilotError, match="does not exist"):
+        write_report("r1", tmp_path / "no" / "r.html")
+    out = tmp_path / "r.html"
+    out.write_text("old report")
+
+    def denied(*a, **kw):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(T.os, "replace", denied)  # fails after the temp file is written
+    with pytest.raises(SpecPilotError, match=r"cannot write .*r.html \(Permission denied"):
+        write_report("r1", out)
+    monkeypatch.setattr(T.tempfile, "mkstemp", denied)  # a read-only directory
+    with pytest.raises(SpecPilotError, match="cannot write"):
+        write_report("r1", out)
+    assert out.read_text() == "old report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "runs"]
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path / "runs"))
+    assert "data:image/png" in write_report("r1", out).read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.html", "runs"]
+    assert os.stat(out).st_mode & 0o777 == 0o644
+    res = _cli("runs", "report", "r1", "--out", str(tmp_path / "no" / "r.html"))
+    assert res.returncode == 2 and res.stderr.startswith("error: --out")
+    assert "Traceback" not in res.stderr

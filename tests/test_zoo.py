@@ -152,3 +152,85 @@ def test_zoo_train_rejects_a_missing_stdlib(tmp_path):
 
     with pytest.raises(SpecPilotError, match="no Python standard library"):
         main(["--preset", "tiny", "--out", str(tmp_path), "--stdlib", str(tmp_path / "no")])
+
+
+@pytest.mark.parametrize("ks,batch_size,threads,match", [
+    ("2,x", 1, 2, r"--ks must be comma-separated integers in 1\.\.32"),
+    ("0,4", 1, 2, r"--ks must be integers in 1\.\.32"),
+    ("2,4", 0, 2, "--batch-size must be >= 1, got 0"),
+    ("2,4", 1, -1, "--threads must be >= 0, got -1"),
+])
+def test_zoo_eval_rejects_bad_options_before_loading(tmp_path, ks, batch_size, threads, match):
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.zoo.evaluate import acceptance, main
+
+    with pytest.raises(SpecPilotError, match=match):  # tmp_path has no models: checked first
+        main(str(tmp_path), "tiny-pycode-dev", ks, 8, batch_size, threads)
+    if ks != "2,x":
+        with pytest.raises(SpecPilotError, match=match.replace("comma-separated ", "")):
+            acceptance(ZOO, "tiny-pycode-dev", tuple(map(int, ks.split(","))), 8, batch_size,
+                       threads)
+
+
+def test_zoo_eval_bad_ks_is_one_line_on_the_cli():
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-m", "specpilot", "zoo", "eval", "--ks", "2,x"],
+                         check=False, capture_output=True, text=True)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == ("error: --ks must be comma-separated integers in 1..32, "
+                                  "e.g. 2,4,8; got '2,x'")
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--stages", "bogus"], "--stages bogus: use a comma-separated subset of target,draft"),
+    (["--stages", ""], r"--stages \(empty\)"),
+    (["--stages", "draft,block"], "needs a trained target in"),
+    (["--target-steps", "0"], "--target-steps must be >= 1, got 0"),
+])
+def test_zoo_train_checks_its_options_before_creating_anything(tmp_path, args, match):
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.zoo.train import main
+
+    out = tmp_path / "x"
+    with pytest.raises(SpecPilotError, match=match):
+        main(["--preset", "tiny", "--out", str(out), "--device", "cpu", *args])
+    assert not out.exists()
+
+
+class _FakeModel:
+    """Stands in for a transformers model: save_pretrained writes one file, or fails midway."""
+
+    def __init__(self, text: str, fail: bool = False):
+        self.text, self.fail = text, fail
+
+    def to(self, *args):
+        return self
+
+    def save_pretrained(self, path, safe_serialization=True):
+        (Path(path) / "model.safetensors").write_text(self.text)
+        if self.fail:
+            raise KeyboardInterrupt  # interrupted after part of the checkpoint is written
+
+
+def test_save_checkpoint_replaces_the_old_one_only_when_complete(tmp_path):
+    from specpilot.zoo.train import save_checkpoint
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tok / name).write_text("{}")
+    ckpt = tmp_path / "out" / "draft"
+    save_checkpoint(_FakeModel("old"), ckpt, tok, {"v": 1})
+    (ckpt / "stale.bin").write_text("from an older layout")
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(_FakeModel("new", fail=True), ckpt, tok, {"v": 2})
+    assert (ckpt / "model.safetensors").read_text() == "old"
+    assert json.loads((ckpt / "training.json").read_text()) == {"v": 1}
+    assert [p.name for p in ckpt.parent.iterdir()] == ["draft"]  # no temp dir left behind
+    save_checkpoint(_FakeModel("new"), ckpt, tok, {"v": 2})
+    assert (ckpt / "model.safetensors").read_text() == "new"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["model.safetensors", "tokenizer.json",
+                                                      "tokenizer_config.json", "training.json"]
+    assert [p.name for p in ckpt.parent.iterdir()] == ["draft"]

@@ -341,8 +341,14 @@ class ServerHandle:
         self.stop()
 
 
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise SpecPilotError(f"--port must be in 1..65535 (or 0 for any free port), got {port}")
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (port 0: any free port), or a one-line error if it is taken."""
+    check_port(port)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -66,6 +66,27 @@ def heldout_loss(model_dir: str | Path, stdlib: str | None = None, seq_len: int 
     return HeldoutResult(mean, math.exp(mean), count, len(w))
 
 
+def parse_ks(ks: str) -> tuple[int, ...]:
+    """`--ks 2,4,8` as a tuple of integers (`check_args` checks their range)."""
+    try:
+        return tuple(int(k) for k in ks.split(",") if k.strip())
+    except ValueError:
+        raise SpecPilotError(f"--ks must be comma-separated integers in 1..32, e.g. 2,4,8; "
+                             f"got {ks!r}") from None
+
+
+def check_args(ks: tuple[int, ...], max_new_tokens: int, batch_size: int, threads: int,
+               limit: int) -> None:
+    """One-line errors for out-of-range `zoo eval` options, before any model loads."""
+    if not ks or any(not isinstance(k, int) or not 1 <= k <= 32 for k in ks):
+        raise SpecPilotError(f"--ks must be integers in 1..32 (a Knobs k), got {list(ks)}")
+    for name, value, low in (("--max-new-tokens", max_new_tokens, 1),
+                             ("--batch-size", batch_size, 1), ("--threads", threads, 0),
+                             ("--limit", limit, 0)):
+        if value < low:
+            raise SpecPilotError(f"{name} must be >= {low}, got {value}")
+
+
 def _run(engine, prompts: list[list[int]], max_new_tokens: int, batch_size: int):
     gens, t0 = [], time.perf_counter()
     for i in range(0, len(prompts), batch_size):
@@ -93,12 +114,13 @@ def acceptance(models: str | Path, workload: str, ks: tuple[int, ...] = (2, 4, 8
     from ..runtime.factory import build_engine
     from ..runtime.knobs import Knobs
 
+    check_args(ks, max_new_tokens, batch_size, threads, limit)
     models = Path(models)
     target = models / "target"
     if not (target / "config.json").is_file():
         raise SpecPilotError(f"no target checkpoint in {target}: train one with "
                              f"`specpilot zoo train`")
-    engine, tok = build_engine(target, Knobs(threads=threads))
+    engine, tok = build_engine(target, Knobs.from_dict({"threads": threads}))
     wl = load_workload(workload, tok)
     prompts = wl.prompt_ids(tok)
     if limit:
@@ -117,7 +139,7 @@ def acceptance(models: str | Path, workload: str, ks: tuple[int, ...] = (2, 4, 8
             max_k = json.loads((models / "block" / "config.json").read_text())["block_size"] - 1
             kset = tuple(sorted({k for k in ks if k <= max_k} | {max_k}))
         for k in kset:
-            knobs = Knobs(drafter=specs[name], k=k, threads=threads)
+            knobs = Knobs.from_dict({"drafter": specs[name], "k": k, "threads": threads})
             engine, _ = build_engine(target, knobs)
             gens, secs = _run(engine, prompts, max_new_tokens, batch_size)
             bad = sum(g.output_ids != r.output_ids for g, r in zip(gens, ref))
@@ -150,11 +172,12 @@ def print_rows(rows: list[AcceptanceRow], title: str = "") -> None:
 def main(models: str, workload: str, ks: str, max_new_tokens: int, batch_size: int,
          threads: int, limit: int = 0, heldout: bool = True) -> None:
     """`specpilot zoo eval`: held-out perplexity, then the acceptance table."""
+    ks_t = parse_ks(ks)
+    check_args(ks_t, max_new_tokens, batch_size, threads, limit)
     if heldout:
         h = heldout_loss(Path(models) / "target")
         print(f"target held-out loss {h.loss:.4f} (perplexity {h.perplexity:.2f}) over "
               f"{h.tokens} tokens")
-    ks_t = tuple(int(k) for k in ks.split(",") if k)
     rows = acceptance(models, workload, ks_t, max_new_tokens, batch_size, threads, limit=limit,
                       progress=True)
     print_rows(rows, f"{workload}, batch {batch_size}, {max_new_tokens} new tokens")

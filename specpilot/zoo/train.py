@@ -15,18 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..runtime.errors import SpecPilotError
 from .corpus import EOT, MASK, corpus_texts, list_files, stdlib_root
 from .tokenizer_train import save_tokenizer, train_tokenizer
+
+STAGES = ("target", "draft", "block")
 
 
 @dataclass(frozen=True)
@@ -325,15 +331,35 @@ def train_block(p: Preset, target_dir: Path, out_dir: Path, train: torch.Tensor,
                        extra={"final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 4)})
 
 
-def save_checkpoint(model, path: Path, tok_dir: Path, meta: dict) -> None:
-    """bf16 weights in HF layout + the tokenizer files + a training record."""
+@contextmanager
+def staged_dir(path: Path) -> Iterator[Path]:
+    """A fresh directory beside `path` to write into; renamed to `path` when the block ends
+    without an error (removed if it fails), so `path` is never half-written and an old
+    `path` survives until the new one is complete."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.urandom(4).hex()}")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = path.with_name(f".{path.name}.old-{os.urandom(4).hex()}")
     if path.exists():
-        shutil.rmtree(path)
-    path.mkdir(parents=True)
-    model = model.to("cpu", torch.bfloat16)
-    model.save_pretrained(path, safe_serialization=True)
-    copy_tokenizer(tok_dir, path)
-    (path / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_checkpoint(model, path: Path, tok_dir: Path, meta: dict) -> None:
+    """bf16 weights in HF layout + the tokenizer files + a training record (staged, then
+    renamed into place)."""
+    with staged_dir(path) as tmp:
+        model = model.to("cpu", torch.bfloat16)
+        model.save_pretrained(tmp, safe_serialization=True)
+        copy_tokenizer(tok_dir, tmp)
+        (tmp / "training.json").write_text(json.dumps(meta, indent=2) + "\n")
 
 
 def copy_tokenizer(tok_dir: Path, path: Path) -> None:
@@ -348,15 +374,30 @@ def load_hf(path: Path, device):
     return m.to(device).eval().requires_grad_(False)
 
 
+def check_stages(out: Path, stages: tuple[str, ...]) -> None:
+    """One-line errors for a bad --stages or --out, before anything is created."""
+    bad = [s for s in stages if s not in STAGES]
+    if bad or not stages:
+        raise SpecPilotError(f"--stages {','.join(stages) or '(empty)'}: use a comma-separated "
+                             f"subset of {','.join(STAGES)}")
+    if out.exists() and not out.is_dir():
+        raise SpecPilotError(f"--out {out} is a file: give a directory")
+    need = [out / "target" / f for f in ("config.json", "tokenizer.json")]
+    if "target" not in stages and not all(f.is_file() for f in need):
+        raise SpecPilotError(f"--stages {','.join(stages)} needs a trained target in "
+                             f"{out / 'target'}: add the target stage")
+
+
 def run(out: Path, preset: Preset, seed: int, device: str, stdlib: str | None,
         stages: tuple[str, ...]) -> list[StageResult]:
     """Run the recipe's stages into `out` ({target,draft,block}/); returns what each did."""
+    out = Path(out)
+    check_stages(out, stages)
     torch.manual_seed(seed)
     if device == "cpu":
         torch.use_deterministic_algorithms(True, warn_only=True)
     else:
         torch.backends.cuda.matmul.allow_tf32 = True
-    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files = list_files(stdlib)
     train_files = corpus_texts(files, "train")
@@ -403,14 +444,12 @@ def run(out: Path, preset: Preset, seed: int, device: str, stdlib: str | None,
         log(f"draft: {res.extra}, {res.seconds:.0f}s")
     if "block" in stages:
         del target
-        bdir = out / "block"
-        if bdir.exists():
-            shutil.rmtree(bdir)
-        bdir.mkdir(parents=True)
-        res = train_block(preset, out / "target", bdir, train, tok.token_to_id(MASK), seed,
-                          device)
-        copy_tokenizer(out / "target", bdir)
-        (bdir / "training.json").write_text(json.dumps({**env, "stage": asdict(res)}, indent=2))
+        with staged_dir(out / "block") as bdir:
+            res = train_block(preset, out / "target", bdir, train, tok.token_to_id(MASK), seed,
+                              device)
+            copy_tokenizer(out / "target", bdir)
+            (bdir / "training.json").write_text(json.dumps({**env, "stage": asdict(res)},
+                                                           indent=2))
         results.append(res)
         log(f"block: {res.extra}, {res.seconds:.0f}s")
     return results
@@ -433,10 +472,18 @@ def main(argv: list[str] | None = None) -> list[StageResult]:
     over = {k: v for k, v in (("target_steps", a.target_steps), ("draft_steps", a.draft_steps),
                               ("block_steps", a.block_steps),
                               ("max_stage_seconds", a.max_stage_seconds)) if v is not None}
+    for k, v in over.items():
+        low = 0 if k == "max_stage_seconds" else 1
+        if v < low:
+            raise SpecPilotError(f"--{k.replace('_', '-')} must be >= {low}, got {v}")
     preset = replace(preset, **over)
-    stages = tuple(s for s in a.stages.split(",") if s)
+    stages = tuple(s.strip() for s in a.stages.split(",") if s.strip())
     return run(Path(a.out), preset, a.seed, a.device, a.stdlib, stages)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except SpecPilotError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
