@@ -1,11 +1,14 @@
 """The `specpilot` command line: one thin sub-command per user verb.
 
 Each area registers its commands here; the work lives in the area's own module. Errors a
-user can act on (SpecPilotError) print as one line and exit 2, never as a traceback.
+user can act on (SpecPilotError) print as one line and exit 2, never as a traceback; so do
+a file that cannot be read or written and a damaged JSON or text input that a command did
+not check itself (the last line of defence, not the way errors are meant to be reported).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
 import typer
@@ -294,6 +297,15 @@ def main() -> None:
         app()
     except SpecPilotError as e:
         print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as e:  # a file the command was given (or needs) cannot be used
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}: check the path and its permissions",
+              file=sys.stderr)
+        sys.exit(2)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:  # a damaged input file
+        print(f"error: an input file is damaged ({type(e).__name__}: {str(e)[:120]}): "
+              "check the files the command was given", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -295,7 +295,14 @@ def load_engine(path: str | Path) -> LoadedEngine:
     except (tomllib.TOMLDecodeError, KeyError, OSError) as e:
         raise SpecPilotError(f"{f}: bad engine ({type(e).__name__}: {e})") from None
     rf = path / "results.json"
-    results = json.loads(rf.read_text()) if rf.is_file() else {}
+    try:
+        results = json.loads(rf.read_text()) if rf.is_file() else {}
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SpecPilotError(f"{rf}: unreadable engine results ({type(e).__name__}): restore "
+                             "it from git or re-ship the engine") from None
+    if not isinstance(results, dict):
+        raise SpecPilotError(f"{rf}: engine results must be a JSON object: restore it from git "
+                             "or re-ship the engine")
     return LoadedEngine(spec, d.get("hash", ""), results, path)
 
 
@@ -312,6 +319,8 @@ def replay(path: str | Path, rounds: int = 2, dev_limit: int | None = 8,
     from .deployment import load_deployment
     from .runtime.tokenizer import Tokenizer
 
+    if rounds < 1:
+        raise SpecPilotError(f"--rounds must be >= 1, got {rounds}")
     eng = load_engine(path)
     dep = load_deployment(eng.spec.deployment)
     tok = Tokenizer(dep.target)

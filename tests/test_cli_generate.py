@@ -89,6 +89,26 @@ def test_prompts_file_in_batches(qwen3_dir, reference, tmp_path):
         assert g["finish_reason"] == "length"
 
 
+@pytest.mark.parametrize("n, batch, sizes", [(3, 2, (1, 2)), (4, 2, (2,)), (3, None, (3,))])
+def test_generate_builds_for_every_batch_size_it_runs(qwen3_dir, monkeypatch, capsys, n,
+                                                      batch, sizes):
+    """The last batch may be smaller: the engine is built for it too (W12 layers are
+    chosen per row count)."""
+    from specpilot.runtime import cli_commands, factory
+
+    built = []
+
+    def spy(*args):
+        built.append(args[4])
+        return build_engine(*args)
+
+    monkeypatch.setattr(factory, "build_engine", spy)
+    items = [cli_commands.PromptItem(str(i), f"p{i}", ids=[5 + i, 6]) for i in range(n)]
+    spec = cli_commands.EngineSpec(str(qwen3_dir), Knobs(), "cpu", "float32", 2)
+    cli_commands.run_generate(spec, items, batch=batch, as_json=True)
+    assert built == [sizes] and len(capsys.readouterr().out.splitlines()) == n
+
+
 @pytest.fixture(scope="module")
 def bad_vocab_dir(tmp_path_factory):
     return make_checkpoint(tmp_path_factory.mktemp("bad_vocab"), "qwen3", seed=3,

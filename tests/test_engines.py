@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -139,6 +140,27 @@ def test_promote_and_load(tmp_path):
     assert not load_engine(path).hash_matches
     with pytest.raises(SpecPilotError, match="no engine.toml"):
         load_engine(tmp_path)
+
+
+@pytest.mark.parametrize("file, text, needle", [
+    ("results.json", "{not json", "unreadable engine results"),
+    ("results.json", "[1, 2]", "must be a JSON object"),
+    ("engine.toml", None, "knob threads must be an integer"),
+])
+def test_damaged_engine_files_are_clear_errors(tmp_path, file, text, needle):
+    path = promote(EngineSpec("dep", "final", Knobs(drafter="ngram")), {}, tmp_path)
+    f = path / file
+    f.write_text(text if text is not None else
+                 re.sub(r"(?m)^threads = \d+$", 'threads = "2"', f.read_text()))
+    with pytest.raises(SpecPilotError, match=needle):
+        load_engine(path)
+
+
+def test_replay_needs_a_round(tmp_path):
+    from specpilot.engines import replay
+
+    with pytest.raises(SpecPilotError, match="--rounds must be >= 1"):
+        replay(tmp_path, rounds=0)
 
 
 SHIPPED = ROOT / "engines" / "tiny-cpu" / "final"

@@ -125,10 +125,11 @@ def test_sharded_index_problems(tmp_path):
     with pytest.raises(CheckpointError) as e:
         load_model(p)
     assert shards[-1].name in one_line(e)
-    (p / "model.safetensors.index.json").write_text("{")
-    with pytest.raises(CheckpointError) as e:
-        load_model(p)
-    assert "index.json" in one_line(e)
+    for text in ("{", '{"weight_map": ["a.safetensors"]}', '{"weight_map": 3}', "[]"):
+        (p / "model.safetensors.index.json").write_text(text)
+        with pytest.raises(CheckpointError) as e:
+            load_model(p)
+        assert "index.json" in one_line(e)
 
 
 def test_missing_tokenizer(qwen3_dir, tmp_path):
@@ -137,6 +138,15 @@ def test_missing_tokenizer(qwen3_dir, tmp_path):
     with pytest.raises(CheckpointError) as e:
         build_engine(p)
     assert "tokenizer.json" in one_line(e)
+
+
+@pytest.mark.parametrize("content", [b"{not json", b"\xff\xfe binary", b"[1]"])
+def test_damaged_tokenizer_config(qwen3_dir, tmp_path, content):
+    p = copy(qwen3_dir, tmp_path)
+    (p / "tokenizer_config.json").write_bytes(content)
+    with pytest.raises(CheckpointError) as e:
+        build_engine(p)
+    assert "tokenizer_config.json" in one_line(e)
 
 
 def test_bad_dtype(qwen3_dir):

@@ -77,8 +77,8 @@ def wait_for(path, pred, timeout: float, proc) -> list[dict]:
 def test_bad_search_input_leaves_no_run(search_env, tmp_path, args, needle):
     """Bad agent options are one-line errors found before Ray starts or the run exists."""
     _, dep, _ = search_env
-    env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),
-                        "SPECPILOT_DATA": str(tmp_path / "data")}
+    env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),  # nothing lands in the repo
+                        "SPECPILOT_DATA": str(tmp_path / "data"), "SPECPILOT_ROOT": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "specpilot", "search", "--deployment", str(dep),
                         "--run-id", "bad", "--quiet", *args], env=env, capture_output=True,
                        text=True, timeout=120, check=False)

@@ -128,7 +128,9 @@ def run_generate(spec: EngineSpec, items: list[PromptItem], *, ignore_eos: bool 
     if batch is not None and batch < 1:
         raise SpecPilotError(f"--batch must be >= 1, got {batch}")
     batch = min(batch or len(items), len(items))
-    engine, tok = build_engine(spec.model, spec.knobs, spec.device, spec.dtype, batch)
+    # built for every size it runs: the full batches and a smaller last one
+    sizes = tuple(sorted({batch, len(items) % batch or batch}))
+    engine, tok = build_engine(spec.model, spec.knobs, spec.device, spec.dtype, sizes)
     prompts = [it.ids if it.ids is not None else tok.encode(it.text) for it in items]
     for it, ids in zip(items, prompts, strict=True):
         check_prompt(engine, ids, spec.max_new_tokens, it.label)
@@ -150,10 +152,11 @@ def run_generate(spec: EngineSpec, items: list[PromptItem], *, ignore_eos: bool 
 
 def run_serve(spec: EngineSpec, host: str, port: int, max_batch: int) -> None:
     from .factory import build_engine
-    from .server import serve_forever
+    from .server import check_port, serve_forever
 
     if max_batch < 1:
         raise SpecPilotError(f"--max-batch must be >= 1, got {max_batch}")
+    check_port(port)  # before minutes of model loading
     # a server batches whatever is in flight: any size up to max_batch
     engine, tok = build_engine(spec.model, spec.knobs, spec.device, spec.dtype,
                                tuple(range(1, max_batch + 1)))

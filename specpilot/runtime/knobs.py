@@ -65,7 +65,12 @@ class Knobs:
         if "drafter" in d and d["drafter"] in ("", "none", "ar"):
             d["drafter"] = None
         if "k_per_batch" in d:
-            d["k_per_batch"] = {int(b): int(v) for b, v in d["k_per_batch"].items()}
+            kpb = d["k_per_batch"]
+            try:
+                d["k_per_batch"] = {int(b): int(v) for b, v in kpb.items()}
+            except (AttributeError, TypeError, ValueError):
+                raise SpecPilotError(f"k_per_batch must map batch sizes to integer k, "
+                                     f"got {kpb!r}") from None
         knobs = cls(**d)
         knobs.validate()
         return knobs
@@ -74,6 +79,12 @@ class Knobs:
         return Knobs.from_dict({**self.to_dict(), **changes})
 
     def validate(self) -> None:
+        for f in fields(self):  # types first: engine.toml and JSON carry any value
+            v, want = getattr(self, f.name), _KINDS.get(f.name)
+            if want and not (isinstance(v, want) and not (want is int and isinstance(v, bool))):
+                raise SpecPilotError(f"knob {f.name} must be {_KIND_NAMES[want]}, got {v!r}")
+        if self.drafter is not None and not isinstance(self.drafter, str):
+            raise SpecPilotError(f"knob drafter must be a string or none, got {self.drafter!r}")
         ks = [self.k, *self.k_per_batch.values()]
         if any(not isinstance(k, int) or not 1 <= k <= 32 for k in ks):
             raise SpecPilotError(f"k must be an integer in 1..32, got {ks}")
@@ -104,5 +115,10 @@ class Knobs:
                 f"bad drafter {self.drafter!r}: use ngram, draft:DIR, block:DIR or oracle[:ARGS]"
             )
 
+
+_KINDS = {f: int for f in ("k", "ngram_max", "ngram_min", "threads", "kv_bucket")} | {
+    f: str for f in ("weights", "gemv", "attention")} | {
+    f: bool for f in ("cuda_graphs", "fused_proj", "fused_kernels", "pdl")}
+_KIND_NAMES = {int: "an integer", str: "a string", bool: "true or false"}
 
 __all__ = ["Knobs", "replace"]

@@ -32,7 +32,8 @@ def weight_files(path: Path) -> list[Path]:
     if index.is_file():
         try:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, json.JSONDecodeError, KeyError) as e:
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError,
+                AttributeError) as e:
             raise CheckpointError(f"{index} is corrupt ({e})") from None
         files = [path / n for n in names]
     else:

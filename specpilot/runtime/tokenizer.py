@@ -21,7 +21,14 @@ class Tokenizer:
         except Exception as e:  # noqa: BLE001 (tokenizers raises a bare Exception)
             raise CheckpointError(f"{f} is not a valid tokenizer ({e})") from None
         cfg_file = path / "tokenizer_config.json"
-        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        try:
+            cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise CheckpointError(f"{cfg_file} is unreadable or not valid JSON "
+                                  f"({type(e).__name__}): restore it from the checkpoint") from None
+        if not isinstance(cfg, dict):
+            raise CheckpointError(f"{cfg_file} must hold a JSON object: restore it from the "
+                                  "checkpoint")
         self.chat_template: str | None = cfg.get("chat_template")
         tmpl = path / "chat_template.jinja"
         if self.chat_template is None and tmpl.is_file():
