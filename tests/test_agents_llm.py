@@ -62,7 +62,9 @@ def test_llm_proposals_apply_and_pass_checks(kind, monkeypatch, tmp_path):
     tr = Trace(tmp_path / "run")
     tr.append("proposal", None, (), **note, headers=req["headers"])
     text = (tmp_path / "run" / "trace.jsonl").read_text()
-    assert "propose_candidates" in text or "ngram" in text
+    rec = json.loads(text)
+    assert rec["prompt"] == note["prompt"] and "Deployment t on cpu" in rec["prompt"]
+    assert rec["response"] == note["response"] and "ngram" in rec["response"]
     assert SECRET not in text
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -93,10 +92,8 @@ def test_launch_bound_small_model():
 def test_calibrate_cpu_small(monkeypatch):
     from specpilot.costmodel.calibrate import calibrate
 
-    t0 = time.perf_counter()
     c = calibrate("cpu", shapes=((64, 64), (128, 128)), batches=(1, 4), copy_bytes=2 << 20,
                   gemm_n=64)
-    assert time.perf_counter() - t0 < 30
     p = calibration_path("cpu")
     assert p.is_file()
     assert [x.name for x in p.parent.iterdir()] == ["cpu.json"]  # no temp file left behind
