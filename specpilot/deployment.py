@@ -15,12 +15,21 @@ from .runtime.errors import SpecPilotError
 from .runtime.knobs import Knobs
 
 ROOT = Path(os.environ.get("SPECPILOT_ROOT", Path(__file__).resolve().parents[1]))
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+DRAFTER_KINDS = ("draft", "block", "ngram", "oracle")
 
 
 def data_dir() -> Path:
     """Machine-local, regenerable state: `$SPECPILOT_DATA` or ~/.cache/specpilot."""
     d = Path(os.environ.get("SPECPILOT_DATA", Path.home() / ".cache" / "specpilot"))
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        bad_kind = isinstance(e, (FileExistsError, NotADirectoryError))
+        what = "is not a folder" if bad_kind else f"cannot be made ({e.strerror})"
+        raise SpecPilotError(f"the data folder {d} {what}: point SPECPILOT_DATA at a "
+                             "writable folder") from None
     return d
 
 
@@ -75,8 +84,31 @@ def _resolve(p: str) -> str:
 def _drafter(d: dict, where: str) -> DrafterSpec:
     if not isinstance(d, dict) or "kind" not in d:
         raise SpecPilotError(f"{where}: a drafter needs a 'kind' (draft, block or ngram)")
+    if d["kind"] not in DRAFTER_KINDS:
+        raise SpecPilotError(f"{where}: unknown drafter kind {d['kind']!r}: use one of "
+                             f"{', '.join(DRAFTER_KINDS)}")
+    if d["kind"] in ("draft", "block") and not d.get("path"):
+        raise SpecPilotError(f"{where}: a {d['kind']} drafter needs a 'path' (its checkpoint)")
     return DrafterSpec(kind=d["kind"], path=_resolve(d.get("path", "")),
                        params=dict(d.get("params", {})))
+
+
+def _check(dep: Deployment, raw_batch_sizes) -> None:
+    """A one-line error for a field the runtime cannot run (the drafters are checked as
+    they are read)."""
+    where = dep.source
+    if dep.device not in DEVICES:
+        raise SpecPilotError(f"{where}: device {dep.device!r} is not supported: use "
+                             f"{' or '.join(DEVICES)}")
+    if dep.dtype not in DTYPES:
+        raise SpecPilotError(f"{where}: dtype {dep.dtype!r} is not supported: use one of "
+                             f"{', '.join(DTYPES)}")
+    if (not isinstance(raw_batch_sizes, list) or not raw_batch_sizes
+            or any(type(b) is not int or b < 1 for b in raw_batch_sizes)):
+        raise SpecPilotError(f"{where}: batch_sizes must be a non-empty list of integers "
+                             f">= 1, got {raw_batch_sizes!r}")
+    if type(dep.max_new_tokens) is not int or dep.max_new_tokens < 1:
+        raise SpecPilotError(f"{where}: max_new_tokens must be >= 1, got {dep.max_new_tokens}")
 
 
 def load_deployment(name_or_path: str) -> Deployment:
@@ -89,10 +121,10 @@ def load_deployment(name_or_path: str) -> Deployment:
             f"no deployment {name_or_path!r}: see `specpilot deployments list` for the defined ones"
         )
     try:
-        d = tomllib.loads(p.read_text())
+        d = tomllib.loads(p.read_text(encoding="utf-8"))
         target = d["target"]
         wl = d.get("workloads", {})
-        return Deployment(
+        dep = Deployment(
             name=d.get("name", p.stem),
             device=d.get("device", "cpu"),
             gpu=d.get("gpu", ""),
@@ -109,8 +141,12 @@ def load_deployment(name_or_path: str) -> Deployment:
             description=d.get("description", ""),
             source=str(p),
         )
+    except OSError as e:
+        raise SpecPilotError(f"cannot read deployment {p} ({e.strerror})") from None
     except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
         raise SpecPilotError(f"{p}: bad deployment file ({type(e).__name__}: {e})") from None
+    _check(dep, d.get("batch_sizes", [1]))
+    return dep
 
 
 def list_deployments() -> list[Deployment]:

@@ -126,3 +126,142 @@ def test_local_runner_builds_for_its_batch_sizes(monkeypatch, qwen3_dir):
     LocalRunner(qwen3_dir, Knobs(), batch_sizes=(1, 8))
     LocalRunner(qwen3_dir, Knobs())
     assert seen == [(1, 8), (1,)]
+
+
+# --- bad input: one line, exit 2, found before any work, nothing half-written -----------
+
+def _bench_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "specpilot", "bench", *args], check=False,
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def _one_line_error(r: subprocess.CompletedProcess, *want: str) -> None:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    for w in want:
+        assert w in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flag, value, want", [
+    ("--max-new-tokens", "0", "--max-new-tokens must be >= 1, got 0"),
+    ("--batch", "0", "--batch must be >= 1, got 0"),
+    ("--k", "0", "--k must be in 1..32, got 0"),
+    ("--limit", "-1", "--limit must be >= 1, got -1"),
+    ("--limit", "0", "--limit must be >= 1, got 0"),
+    ("--repeats", "0", "--repeats must be >= 1, got 0"),
+    ("--device", "tpu", "unknown device 'tpu'"),
+])
+def test_cli_bench_out_of_range_flags_are_errors(flag, value, want, tmp_path):
+    out = tmp_path / "o.json"
+    r = _bench_cli("--deployment", "tiny-cpu", flag, value, "--out", str(out),
+                   env={"SPECPILOT_DATA": str(tmp_path / "data")})
+    _one_line_error(r, want)
+    assert not out.exists()
+
+
+def test_bench_checks_out_before_the_work(tmp_path):
+    from specpilot.bench.bench import bench_command, check_out_path
+    from specpilot.runtime.errors import SpecPilotError
+
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, want in [(tmp_path, "is a folder"), (afile / "o.json", "is not a folder")]:
+        # a deployment that does not exist: the --out check comes before it is looked up
+        with pytest.raises(SpecPilotError, match=want):
+            bench_command("no-such-deployment", None, None, None, None, None, None, None,
+                          None, None, 1, str(out), None, None, progress=False)
+    assert check_out_path(tmp_path / "new" / "o.json", "--out", ())  # made later
+    assert check_out_path(tmp_path / "o.txt", "--out", ())  # any name
+    with pytest.raises(SpecPilotError, match="must end in .png"):
+        check_out_path(tmp_path / "o.txt", "--plot", (".png",))
+
+
+def test_bench_refuses_a_read_only_folder(tmp_path, monkeypatch):
+    from specpilot.bench import bench
+    from specpilot.runtime.errors import SpecPilotError
+
+    # tests may run as root, whom permissions do not stop: the check is what is tested
+    monkeypatch.setattr(bench.os, "access", lambda path, mode: False)
+    with pytest.raises(SpecPilotError, match="permission denied"):
+        bench.check_out_path(tmp_path / "o.json", "--out", ())
+
+
+def test_cli_bench_engine_of_another_deployment(tmp_path):
+    from specpilot.engines import EngineSpec, promote
+
+    spec = EngineSpec("nope", "cand", Knobs(drafter="ngram", k=2), {})
+    eng = promote(spec, {}, engines_root=tmp_path / "engines")
+    out = tmp_path / "o.json"
+    r = _bench_cli("--deployment", "tiny-cpu", "--engine", str(eng), "--limit", "1",
+                   "--out", str(out), env={"SPECPILOT_DATA": str(tmp_path / "data")})
+    _one_line_error(r, "'nope'", "not 'tiny-cpu'", "--deployment nope")
+    assert not out.exists()
+
+
+@pytest.fixture
+def fake_server():
+    """A local HTTP server answering every GET and POST with one set (status, body)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    answer = {"status": 200, "body": b"", "type": "application/json"}
+
+    class Handler(BaseHTTPRequestHandler):
+        def _reply(self):
+            n = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(n)
+            self.send_response(answer["status"])
+            self.send_header("Content-Type", answer["type"])
+            self.send_header("Content-Length", str(len(answer["body"])))
+            self.end_headers()
+            self.wfile.write(answer["body"])
+
+        do_GET = do_POST = _reply
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+
+    def serve(status: int, body: bytes, ctype: str = "application/json") -> str:
+        answer.update(status=status, body=body, type=ctype)
+        return f"http://127.0.0.1:{srv.server_address[1]}"
+
+    yield serve
+    srv.shutdown()
+    srv.server_close()
+
+
+HTML = b"<html>\n<head><title>502 Bad Gateway</title></head>\n<body>\n" + b"x" * 500 + b"\n</html>\n"
+
+
+@pytest.mark.parametrize("status, body, ctype, want", [
+    (200, b"<html>not json</html>", "text/html", "not JSON"),
+    (200, b'{"x": 1}', "application/json", "expected SGLang /generate JSON"),
+    (502, HTML, "text/html", "answered HTTP 502"),
+])
+def test_server_runner_bad_answers_are_one_line(fake_server, status, body, ctype, want):
+    from specpilot.runtime.errors import SpecPilotError
+
+    url = fake_server(status, body, ctype)
+    runner = ServerRunner(url)
+    with pytest.raises(SpecPilotError) as e:
+        runner.generate([[1, 2, 3]], 4)
+    runner.close()
+    msg = str(e.value)
+    assert want in msg and f"{url}/generate" in msg and "output_ids and meta_info" in msg
+    assert "\n" not in msg and len(msg) < 400
+
+
+def test_cli_bench_server_answering_non_json(fake_server, qwen3_dir, workload_file, tmp_path):
+    url = fake_server(200, b"hello, not json", "text/plain")
+    out = tmp_path / "o.json"
+    r = _bench_cli("--server", url, "--model", str(qwen3_dir), "--workload", str(workload_file),
+                   "--out", str(out), env={"SPECPILOT_DATA": str(tmp_path / "data")})
+    _one_line_error(r, f"{url}/generate", "not JSON")
+    assert not out.exists()

@@ -122,3 +122,46 @@ def test_cli_compare_refuses_with_exit_2(tmp_path):
     r = subprocess.run(check=False, args=[sys.executable, "-m", "specpilot", "compare", "speed", "--ar", str(a),
                         "--stock", str(a), "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and json.loads(r.stdout)["stock_vs_ar"]["ratio"] == 1.0
+
+
+def _broken(tmp_path):
+    good = _result([1.0, 1.0], [1, 1], [[1], [2]])
+    no_time = copy.deepcopy(good)
+    del no_time["requests"][1]["time_s"]
+    files = {"binary.json": b"\x89PNG\r\n\x1a\n\x00\xff\xfe",
+             "latin1.json": '{"requests": "caf\xe9"}'.encode("latin-1"),
+             "empty.json": json.dumps({**good, "requests": []}).encode(),
+             "no_time.json": json.dumps(no_time).encode(),
+             "list.json": b"[1, 2]"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return good
+
+
+@pytest.mark.parametrize("name, want", [
+    ("binary.json", "not UTF-8 JSON"), ("latin1.json", "not UTF-8 JSON"),
+    ("empty.json", "no requests"), ("no_time.json", "request 'q1' has no time_s"),
+    ("list.json", "not a JSON object"),
+])
+def test_load_result_names_the_malformed_file(tmp_path, name, want):
+    from specpilot.bench.compare import load_result
+
+    _broken(tmp_path)
+    with pytest.raises(SpecPilotError) as e:
+        load_result(tmp_path / name)
+    assert str(tmp_path / name) in str(e.value) and want in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cmd", ["speed", "score"])
+def test_cli_compare_corrupt_result_is_one_line(tmp_path, cmd):
+    good = _broken(tmp_path)
+    a = tmp_path / "a.json"
+    a.write_text(json.dumps(good))
+    for bad in ("binary.json", "no_time.json"):
+        args = (["--ar", str(a), "--stock", str(tmp_path / bad)] if cmd == "speed"
+                else [str(tmp_path / bad), str(a)])
+        r = subprocess.run([sys.executable, "-m", "specpilot", "compare", cmd, *args],
+                           check=False, capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2 and bad in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1

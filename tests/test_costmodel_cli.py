@@ -84,11 +84,39 @@ def test_calibrate_command(cfg):
     (["--model", "8b", "--gpu", "tpu"], "unknown gpu"),
     (["--model", "/nonexistent/dir", "--gpu", "h200"], "no model config"),
     ([], "give --deployment"),
+    (["--deployment", "tiny-cpu", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["--deployment", "tiny-cpu", "--k", "0"], "--k must be >= 1, got 0"),
+    (["--model", "8b", "--gpu", "h200", "--plot", "x.jsonl"], "must end in .png, .svg or .pdf"),
+    (["--model", "8b", "--gpu", "h200", "--plot", "{tmp}"], "is a folder"),
+    (["--model", "8b", "--gpu", "h200", "--plot", "{tmp}/f/x.png"], "is not a folder"),
 ])
 def test_errors_are_one_line(args, msg, tmp_path):
+    (tmp_path / "f").write_text("a file, not a folder")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     r = subprocess.run([sys.executable, "-c", "from specpilot.cli import main; main()",
                         "costmodel", *args], check=False, capture_output=True, text=True,
                        env={"SPECPILOT_DATA": str(tmp_path), "PATH": "/usr/bin:/bin"})
     assert r.returncode == 2, r.stderr
     assert msg in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plot_is_written_atomically(cfg, tmp_path, monkeypatch):
+    """A temporary file beside the chart, then a rename: a failed write leaves nothing."""
+    import matplotlib.figure
+
+    png = tmp_path / "charts" / "roof.svg"
+    _run("--model", str(cfg), "--gpu", "h200", "--plot", str(png))
+    assert png.read_text().lstrip().startswith("<?xml")
+    assert [p.name for p in png.parent.iterdir()] == ["roof.svg"]
+
+    def fail(self, f, **kw):
+        f.write(b"half a chart")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", fail)
+    r = CliRunner().invoke(app, ["costmodel", "--model", str(cfg), "--gpu", "h200",
+                                 "--plot", str(tmp_path / "new.png")])
+    assert r.exit_code != 0 and "No space left on device" in str(r.exception)
+    assert not (tmp_path / "new.png").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".new.png")] == []

@@ -59,3 +59,72 @@ def test_unknown_deployment_is_one_line():
         load_deployment("no-such-deployment")
     r = _cli("deployments", "show", "no-such-deployment")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+
+
+def test_every_shipped_deployment_is_valid():
+    from specpilot.deployment import list_deployments
+
+    names = {d.name for d in list_deployments()}
+    assert "tiny-cpu" in names and len(names) == len(list((ROOT / "deployments").glob("*.toml")))
+    for name in names:
+        r = _cli("deployments", "show", name)
+        assert r.returncode == 0, r.stderr
+
+
+BASE = ('name = "t"\ndevice = "cpu"\nbatch_sizes = [1, 4]\nmax_new_tokens = 8\n'
+        '[target]\npath = "models/tiny-pycode/target"\n[drafter]\nkind = "ngram"\n')
+
+
+@pytest.mark.parametrize("change, want", [
+    (('device = "cpu"', 'device = "tpu"'), "device 'tpu' is not supported"),
+    (('device = "cpu"', 'device = "cpu"\ndtype = "int3"'), "dtype 'int3'"),
+    (("batch_sizes = [1, 4]", "batch_sizes = [0, -4]"), "batch_sizes must be a non-empty"),
+    (("batch_sizes = [1, 4]", "batch_sizes = []"), "batch_sizes must be a non-empty"),
+    (("max_new_tokens = 8", "max_new_tokens = -1"), "max_new_tokens must be >= 1"),
+    (('kind = "ngram"', 'kind = "bogus"'), "unknown drafter kind 'bogus'"),
+    (('kind = "ngram"', 'kind = "draft"'), "a draft drafter needs a 'path'"),
+])
+def test_bad_fields_are_one_line_errors(tmp_path, change, want):
+    p = tmp_path / "t.toml"
+    p.write_text(BASE.replace(*change))
+    with pytest.raises(SpecPilotError, match=want):
+        load_deployment(str(p))
+    r = _cli("deployments", "show", str(p))
+    assert r.returncode == 2 and want in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_bench_and_costmodel_stop_at_a_bad_deployment(tmp_path):
+    p = tmp_path / "t.toml"
+    p.write_text(BASE.replace("batch_sizes = [1, 4]", "batch_sizes = []"))
+    for args in (["bench", "--deployment", str(p), "--out", str(tmp_path / "o.json")],
+                 ["costmodel", "--deployment", str(p)]):
+        r = _cli(*args)
+        assert r.returncode == 2 and "batch_sizes" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_unreadable_deployment_is_one_line(tmp_path, monkeypatch):
+    p = tmp_path / "t.toml"
+    p.write_text(BASE)
+    real = Path.read_text
+
+    def denied(self, *a, **kw):
+        if self == p:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(SpecPilotError, match="cannot read deployment .*Permission denied"):
+        load_deployment(str(p))
+
+
+def test_data_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch):
+    from specpilot.deployment import data_dir
+
+    f = tmp_path / "data"
+    f.write_text("not a folder")
+    monkeypatch.setenv("SPECPILOT_DATA", str(f))
+    with pytest.raises(SpecPilotError, match="SPECPILOT_DATA"):
+        data_dir()
+    monkeypatch.setenv("SPECPILOT_DATA", str(f / "sub"))
+    with pytest.raises(SpecPilotError, match="is not a folder"):
+        data_dir()

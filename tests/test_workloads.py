@@ -103,3 +103,52 @@ def test_cli_bad_workload_is_one_line_exit_2(data):
                        cwd=ROOT, timeout=120)
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: no workload")
+
+
+def test_unreadable_workloads_fail_in_one_line(tmp_path, data, monkeypatch):
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x80")
+    with pytest.raises(SpecPilotError, match="not a UTF-8 text file"):
+        load_workload(str(binary))
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("seed = 1\ncount = 3\n")
+    real = Path.read_text
+
+    def denied(self, *a, **kw):
+        if self == recipe:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(SpecPilotError) as e:
+        load_workload(str(recipe))
+    assert "cannot read workload recipe" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("limit", [-5, 0])
+def test_prompt_limit_below_one_is_an_error(data, limit):
+    """`replay --dev-limit -5` ran 27 of 32 prompts; 0 and below are errors, None is all."""
+    from specpilot.agents.inputs import load_prompts
+
+    with pytest.raises(SpecPilotError, match=f"must be >= 1, got {limit}"):
+        load_prompts("tiny-pycode-dev", None, limit)
+
+
+def test_binary_jsonl_prompts_for_the_search_fail_in_one_line(tmp_path):
+    from specpilot.agents.inputs import load_prompts
+
+    p = tmp_path / "bin.jsonl"
+    p.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(SpecPilotError, match="cannot read workload"):
+        load_prompts(str(p), None, 4)
+
+
+def test_cli_bench_binary_workload_is_one_line(tmp_path, data):
+    binary = tmp_path / "bin.jsonl"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x80")
+    r = subprocess.run([sys.executable, "-m", "specpilot", "bench", "--deployment", "tiny-cpu",
+                        "--workload", str(binary), "--out", str(tmp_path / "o.json")],
+                       check=False, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                       env={**__import__("os").environ, "SPECPILOT_DATA": str(data)})
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "not a UTF-8 text file" in r.stderr

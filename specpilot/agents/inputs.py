@@ -30,13 +30,20 @@ def _item_ids(item, tokenizer) -> list[int]:
 
 
 def load_prompts(name: str, tokenizer, limit: int | None = None) -> list[list[int]]:
-    """Token ids of a workload's prompts (the first `limit` of them)."""
+    """Token ids of a workload's prompts (the first `limit` of them; None: all)."""
+    if limit is not None and limit < 1:
+        raise SpecPilotError(f"the prompt limit (--dev-limit) must be >= 1, got {limit}")
     if not name:
         raise SpecPilotError("the deployment names no workload: add [workloads] dev and gate")
     p = Path(name)
     p = p if p.is_absolute() else ROOT / p
     if name.endswith(".jsonl") and p.is_file():
-        items = [json.loads(x) for x in p.read_text().splitlines() if x.strip()]
+        try:
+            items = [json.loads(x) for x in p.read_text(encoding="utf-8").splitlines()
+                     if x.strip()]
+        except (OSError, ValueError) as e:  # ValueError: not UTF-8, or a line not JSON
+            raise SpecPilotError(f"cannot read workload {p} ({type(e).__name__}): give a "
+                                 "JSONL file, one JSON object a line") from None
     else:
         try:
             from ..bench.workloads import load_workload

@@ -94,9 +94,8 @@ def run_bench(runner, workload, tokenizer, batch: int, max_new_tokens: int,
               limit: int | None = None, repeats: int = 1, progress: bool = False,
               meta: dict | None = None) -> dict:
     """Bench `workload` (anything with name, hash, items) on `runner`; the result JSON."""
-    if batch < 1 or repeats < 1 or max_new_tokens < 1:
-        raise SpecPilotError("--batch, --repeats and --max-new-tokens must be >= 1")
-    items = list(workload.items)[: limit if limit else None]
+    check_ranges(limit=limit, batch=batch, max_new_tokens=max_new_tokens, repeats=repeats)
+    items = list(workload.items)[:limit]
     if not items:
         raise SpecPilotError(f"workload {workload.name!r} has no prompts to bench")
     prompts = [prompt_ids(it, tokenizer) for it in items]
@@ -164,10 +163,50 @@ def run_bench(runner, workload, tokenizer, batch: int, max_new_tokens: int,
     }
 
 
+def check_ranges(**flags: int | None) -> None:
+    """A one-line error for the first flag out of its range; None means "the default".
+    Flags are named as given (max_new_tokens -> --max-new-tokens); k is 1..32 as in Knobs."""
+    for name, value in flags.items():
+        if value is None:
+            continue
+        low, high = (1, 32) if name == "k" else (1, None)
+        if value < low or (high is not None and value > high):
+            want = f"in {low}..{high}" if high is not None else f">= {low}"
+            raise SpecPilotError(f"--{name.replace('_', '-')} must be {want}, got {value} "
+                                 "(leave it out for the default)")
+
+
+def check_out_path(path: str | Path, flag: str, suffixes: tuple[str, ...]) -> Path:
+    """Raise a one-line error unless `path` can be written, before any work is done: not a
+    folder, ending in one of `suffixes` (when given), and its folder (or, where that is still to be
+    made, the nearest one above it that exists) a folder this process may write in."""
+    p = Path(path)
+    if p.is_dir():
+        raise SpecPilotError(f"{flag} {p} is a folder: give a file path such as "
+                             f"{p / ('result' + (suffixes or ('.json',))[0])}")
+    if suffixes and p.suffix.lower() not in suffixes:
+        ends = ", ".join(suffixes[:-1]) + " or " if len(suffixes) > 1 else ""
+        raise SpecPilotError(f"{flag} {p}: the file name must end in {ends}{suffixes[-1]}")
+    folder = p.absolute().parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SpecPilotError(f"{flag} {p}: {folder} is not a folder; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise SpecPilotError(f"{flag} {p}: cannot write in {folder} (permission denied); "
+                             "choose another path")
+    return p
+
+
 def write_result(path: str | Path, result: dict) -> None:
+    """Atomically (a temporary file beside `path`, then a rename); one-line error if not."""
     from ..forcing.calibrate import write_json_atomic
 
-    write_json_atomic(Path(path), result)
+    try:
+        write_json_atomic(Path(path), result)
+    except OSError as e:
+        raise SpecPilotError(f"cannot write {path} ({e.strerror or e}); choose another "
+                             "--out") from None
 
 
 def _child_main(spec_path: str, out_path: str) -> None:
@@ -193,7 +232,7 @@ def bench_in_build(build_path: Path, model: str, knobs, device: str, dtype: str,
     """Run the bench in a child process whose only PYTHONPATH entry is `build_path`."""
     items = [{"id": str(_get(it, "id", i)), "dataset": _get(it, "dataset", "") or "",
               "prompt_ids": prompt_ids(it, tokenizer)}
-             for i, it in enumerate(list(workload.items)[: limit if limit else None])]
+             for i, it in enumerate(list(workload.items)[:limit])]
     spec = {"model": model, "knobs": knobs.to_dict(), "device": device, "dtype": dtype,
             "workload": {"name": workload.name, "hash": workload.hash}, "items": items,
             "batch": batch, "max_new_tokens": max_new_tokens, "limit": limit,
@@ -241,10 +280,15 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
                   repeats: int, out: str, device: str | None, dtype: str | None,
                   progress: bool = True) -> dict:
     """The body of `specpilot bench`: resolve what to run, run it, write --out."""
+    from ..runtime.cli_commands import DEVICES
     from ..runtime.knobs import Knobs
     from ..runtime.tokenizer import Tokenizer
     from .runners import LocalRunner, ServerRunner
 
+    check_ranges(limit=limit, batch=batch, max_new_tokens=max_new_tokens, k=k, repeats=repeats)
+    check_out_path(out, "--out", ())
+    if device is not None and device not in DEVICES:
+        raise SpecPilotError(f"unknown device {device!r}: use {' or '.join(DEVICES)}")
     meta: dict = {}
     build = None
     if deployment:
@@ -255,8 +299,8 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
             raise SpecPilotError("give either --deployment or --model, not both")
         model, device, dtype = dep.target, device or dep.device, dtype or dep.dtype
         workload = workload or dep.dev_workload
-        max_new_tokens = max_new_tokens or dep.max_new_tokens
-        batch = batch or dep.batch_sizes[0]
+        max_new_tokens = max_new_tokens if max_new_tokens is not None else dep.max_new_tokens
+        batch = batch if batch is not None else dep.batch_sizes[0]
         engine = engine or "stock"
         meta["deployment"] = dep.name
         if engine == "ar":
@@ -267,6 +311,10 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
             from .. import engines
 
             loaded = engines.load_engine(engine)
+            if loaded.spec.deployment != dep.name:
+                raise SpecPilotError(f"engine {engine} was made for deployment "
+                                     f"{loaded.spec.deployment!r}, not {dep.name!r}: bench it "
+                                     f"with --deployment {loaded.spec.deployment}")
             knobs = loaded.spec.knobs
             meta["engine_hash"] = loaded.spec.hash
             if loaded.spec.overlay:
@@ -283,17 +331,18 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
         if engine:
             raise SpecPilotError("--engine needs --deployment")
         knobs = Knobs(drafter=None if drafter in (None, "", "none", "ar") else drafter,
-                      **({"k": k} if k else {}))
+                      **({"k": k} if k is not None else {}))
         meta["engine"] = "ar" if knobs.drafter is None else knobs.drafter
     elif not server:
         raise SpecPilotError("give --deployment NAME --engine ar|stock|PATH, --model DIR, "
                              "or --server URL")
-    if k and deployment:
+    if k is not None and deployment:
         knobs = knobs.with_(k=k)
     if not workload:
         raise SpecPilotError("give --workload NAME|FILE (the deployment names none)")
     device, dtype = device or "cpu", dtype or "float32"
-    batch, max_new_tokens = batch or 1, max_new_tokens or 128
+    batch = batch if batch is not None else 1
+    max_new_tokens = max_new_tokens if max_new_tokens is not None else 128
     tokenizer = Tokenizer(model) if model and not str(model).startswith("random:") else None
     wl = load_prompts(workload, tokenizer)
     if server:

@@ -30,14 +30,38 @@ def dataset_group(name: str) -> str:
 def load_result(path: str | Path) -> dict:
     p = Path(path)
     try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise SpecPilotError(f"cannot read bench result {p} ({e})") from None
-    if not isinstance(d, dict) or "requests" not in d or "settings" not in d:
-        raise SpecPilotError(f"{p} is not a bench result (no requests/settings): "
-                             "make one with `specpilot bench --out`")
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or not JSON
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8 JSON"
+        raise SpecPilotError(f"cannot read bench result {p} ({why}): give a file written by "
+                             "`specpilot bench --out`") from None
+    wrong = _malformed(d)
+    if wrong:
+        raise SpecPilotError(f"{p} is not a bench result ({wrong}): make one with "
+                             "`specpilot bench --out`")
     d["_path"] = str(p)
     return d
+
+
+def _malformed(d) -> str:
+    """What is missing from a bench result for compare, or "" if nothing is."""
+    if not isinstance(d, dict):
+        return "not a JSON object"
+    for key in ("environment", "settings", "totals"):
+        if not isinstance(d.get(key), dict):
+            return f"no {key}"
+    if not isinstance(d["settings"].get("workload"), dict):
+        return "no settings.workload"
+    reqs = d.get("requests")
+    if not isinstance(reqs, list) or not reqs:
+        return "no requests"
+    for n, q in enumerate(reqs):
+        if not isinstance(q, dict) or "id" not in q:
+            return f"request {n} has no id"
+        for key, kind in (("time_s", (int, float)), ("new_tokens", int), ("output_ids", list)):
+            if not isinstance(q.get(key), kind) or isinstance(q.get(key), bool):
+                return f"request {q['id']!r} has no {key}"
+    return ""
 
 
 def _field(d: dict, keys: tuple[str, ...]):

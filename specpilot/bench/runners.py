@@ -18,6 +18,12 @@ from ..runtime.errors import SpecPilotError
 from ..runtime.knobs import Knobs
 
 
+def _snippet(text: str, n: int = 120) -> str:
+    """A server's answer as one short line, for an error message."""
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= n else flat[:n] + "...")
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         import torch
@@ -85,7 +91,10 @@ class ServerRunner:
         try:
             r = self.client.get(f"{self.url}/get_model_info")
             if r.status_code == 200:
-                self.info = r.json()
+                info = r.json()
+                self.info = info if isinstance(info, dict) else {}
+        except ValueError:  # not JSON: the model info is optional, /generate is checked
+            pass
         except httpx.HTTPError as e:
             raise SpecPilotError(f"cannot reach {self.url} ({e}): is the server up?") from None
 
@@ -108,11 +117,21 @@ class ServerRunner:
         except httpx.HTTPError as e:
             raise SpecPilotError(f"{self.url}/generate failed ({e})") from None
         lat = time.perf_counter() - t0
+        want = "SGLang /generate JSON with output_ids and meta_info"
         if r.status_code != 200:
-            raise SpecPilotError(f"{self.url}/generate answered {r.status_code}: {r.text[:200]}")
-        d = r.json()
-        meta = d.get("meta_info", {})
-        out = list(d.get("output_ids") or [])
+            raise SpecPilotError(f"{self.url}/generate answered HTTP {r.status_code} "
+                                 f"{_snippet(r.text)}: expected {want}")
+        try:
+            d = r.json()
+        except ValueError:
+            raise SpecPilotError(f"{self.url}/generate answered {_snippet(r.text)}, not JSON: "
+                                 f"expected {want}") from None
+        if (not isinstance(d, dict) or not isinstance(d.get("meta_info"), dict)
+                or not isinstance(d.get("output_ids"), list)):
+            raise SpecPilotError(f"{self.url}/generate answered {_snippet(r.text)}: expected "
+                                 f"{want}; is this an SGLang-compatible server?")
+        meta = d["meta_info"]
+        out = list(d["output_ids"])
         n = int(meta.get("completion_tokens", len(out)))
         steps = int(meta.get("spec_verify_ct") or n)
         fin = meta.get("finish_reason") or {}

@@ -27,6 +27,10 @@ CUT_RULES = ("def-class-blank", "def-class")
 _HEADER = re.compile(r"[ \t]*(async[ \t]+def|def|class)[ \t]")
 
 
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())[:200]
+
+
 @dataclass(frozen=True)
 class WorkloadItem:
     id: str
@@ -72,7 +76,7 @@ class Recipe:
     @classmethod
     def from_toml(cls, path: Path) -> Recipe:
         try:
-            d = tomllib.loads(path.read_text())
+            d = tomllib.loads(path.read_text(encoding="utf-8"))
             r = cls(
                 name=d.get("name", path.stem), seed=int(d["seed"]), count=int(d["count"]),
                 source=d.get("source", "stdlib"), split=d.get("split", "heldout"),
@@ -84,8 +88,11 @@ class Recipe:
                 per_file=int(d.get("per_file", 2)), exclude=tuple(d.get("exclude", ())),
                 description=d.get("description", ""),
             )
+        except OSError as e:
+            raise SpecPilotError(f"cannot read workload recipe {path} ({e.strerror})") from None
         except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
-            raise SpecPilotError(f"{path}: bad workload recipe ({type(e).__name__}: {e})") from None
+            raise SpecPilotError(f"{path}: bad workload recipe ({type(e).__name__}: "
+                                 f"{_one_line(e)})") from None
         if r.source != "stdlib" or r.split not in ("train", "heldout") or r.cut not in CUT_RULES:
             raise SpecPilotError(f"{path}: recipe needs source 'stdlib', split train|heldout and "
                                  f"cut one of {CUT_RULES}")
@@ -154,15 +161,22 @@ def items_hash(items: list[WorkloadItem]) -> str:
 def read_jsonl(path: Path) -> list[WorkloadItem]:
     items = []
     try:
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise SpecPilotError(f"cannot read workload {path} ({e.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecPilotError(f"{path}: not a UTF-8 text file; a workload JSONL has one JSON "
+                             "object (id, prompt) a line") from None
+    try:
+        for n, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             d = json.loads(line)
             items.append(WorkloadItem(str(d["id"]), str(d.get("dataset", path.stem)),
                                       str(d["prompt"]), d.get("reference")))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-        raise SpecPilotError(f"{path}: bad workload JSONL ({type(e).__name__}: {e}); rows "
-                             f"need id and prompt") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise SpecPilotError(f"{path} line {n}: bad workload JSONL ({type(e).__name__}: "
+                             f"{_one_line(e)}); rows need id and prompt") from None
     if not items:
         raise SpecPilotError(f"{path}: the workload has no prompts")
     return items

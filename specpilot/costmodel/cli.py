@@ -29,16 +29,23 @@ def costmodel(
     weights: str | None = typer.Option(None, help="bf16, fp16, fp32, fp8 or w12"),
     ceilings: str = typer.Option("auto", help="auto, datasheet, calibrated or reference"),
     as_json: bool = typer.Option(False, "--json", help="print JSON instead of tables"),
-    plot: str | None = typer.Option(None, help="write a roofline chart (PNG) here"),
+    plot: str | None = typer.Option(None, help="write a roofline chart here (.png, .svg, .pdf)"),
 ) -> None:
     """Bound, per operator, of the AR step (and with --k the verify and draft steps)."""
     if ctx.invoked_subcommand is not None:
         return
     from .hardware import get_hardware
-    from .report import analyze, plot_roofline, print_tables
+    from .report import PLOT_SUFFIXES, analyze, plot_roofline, print_tables
     from .roofline import StepCost
     from .spec import load_spec
 
+    for flag, value, low in (("--batch", batch, 1), ("--k", k, 1), ("--context", context, 0)):
+        if value is not None and value < low:
+            raise SpecPilotError(f"{flag} must be >= {low}, got {value}")
+    if plot:
+        from ..bench.bench import check_out_path
+
+        check_out_path(plot, "--plot", PLOT_SUFFIXES)
     batches = None
     if deployment:
         from ..deployment import load_deployment
@@ -46,7 +53,7 @@ def costmodel(
         dep = load_deployment(deployment)
         model = model or dep.target
         gpu = gpu or (dep.gpu if dep.device == "cuda" else "cpu") or "cpu"
-        batch = batch or dep.batch_sizes[0]
+        batch = batch if batch is not None else dep.batch_sizes[0]
         batches = sorted(set(dep.batch_sizes))
         if drafter is None:
             drafter = dep.drafter.kind
@@ -61,13 +68,16 @@ def costmodel(
     hw = get_hardware(gpu, ceilings)
     kind = drafter or ("draft" if drafter_config else "ngram")
     dspec = load_spec(drafter_config, weights=weights) if drafter_config else None
-    a = analyze(spec, hw, batch=batch or 1, context=context, k=k, drafter_kind=kind,
+    a = analyze(spec, hw, batch=batch if batch is not None else 1, context=context, k=k, drafter_kind=kind,
                 drafter=dspec, alpha=alpha, batches=batches)
     if plot:
         steps = [StepCost.from_dict(a["ar"])]
         if "verify" in a:
             steps.append(StepCost.from_dict(a["verify"]))
-        plot_roofline(steps, hw, plot, dtype=spec.fmt.compute)
+        try:
+            plot_roofline(steps, hw, plot, dtype=spec.fmt.compute)
+        except OSError as e:
+            raise SpecPilotError(f"cannot write --plot {plot} ({e.strerror or e})") from None
     if as_json:
         print(json.dumps(a, indent=1))
     else:

@@ -7,12 +7,16 @@ arithmetic intensity against the device's bandwidth and compute ceilings (matplo
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 from .hardware import Hardware
 from .roofline import StepCost, ar_step, draft_cost, verify_step
 from .spec import ModelSpec
 from .speedup import best_k, speedup_table
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what --plot may write (matplotlib, by suffix)
 
 
 def analyze(spec: ModelSpec, hw: Hardware, batch: int = 1, context: int = 0,
@@ -150,6 +154,16 @@ def plot_roofline(steps: list[StepCost] | list[dict], hw: Hardware, path: str | 
     ax.legend(fontsize=8, loc="lower right")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    try:  # a temporary file beside `path`, then a rename: never half a chart
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", dpi=120,
+                        bbox_inches="tight")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    finally:
+        plt.close(fig)
     return path
