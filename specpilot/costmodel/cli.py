@@ -68,8 +68,8 @@ def costmodel(
     hw = get_hardware(gpu, ceilings)
     kind = drafter or ("draft" if drafter_config else "ngram")
     dspec = load_spec(drafter_config, weights=weights) if drafter_config else None
-    a = analyze(spec, hw, batch=batch if batch is not None else 1, context=context, k=k, drafter_kind=kind,
-                drafter=dspec, alpha=alpha, batches=batches)
+    a = analyze(spec, hw, batch=batch if batch is not None else 1, context=context, k=k,
+                drafter_kind=kind, drafter=dspec, alpha=alpha, batches=batches)
     if plot:
         steps = [StepCost.from_dict(a["ar"])]
         if "verify" in a:
