@@ -183,3 +183,28 @@ def test_replay_agent_reissues_recorded_proposals(tmp_path):
     assert got[0].files == table
     assert got[0].parents == ("c001",) and got[0].agent == "replay:llm:openai"
     assert agent.propose(ctx(round=1))[0] == []
+
+
+def test_front_runners_are_the_best_of_each_family_even_when_timed_below_stock():
+    """A family whose only candidate timed slower than stock in the search still reaches
+    the confirmation (one noisy measurement must not sink it); one per family, best first,
+    the search's best leading, at most confirm_top."""
+    from types import SimpleNamespace as NS
+
+    from specpilot.agents.promotion import front_runners
+
+    knobs = {"stock": Knobs(drafter="block:/m/b"), "ar": Knobs(),
+             "c1": Knobs(drafter="block:/m/b", k=3), "c2": Knobs(drafter="ngram"),
+             "c3": Knobs(drafter="block:/m/b", k=5), "c4": Knobs(drafter="draft:/m/d"),
+             "c5": Knobs(drafter="ngram", k=2), "c6": Knobs(drafter="ngram", threads=1),
+             "c7": Knobs(drafter="draft:/m/d", k=2)}
+    tok_s = {"stock": 500, "ar": 480, "c1": 520, "c2": 414, "c3": 510, "c4": 380, "c5": 400,
+             "c6": 600, "c7": 390}
+    specs = {c: NS(hash=f"h{c}", knobs=k) for c, k in knobs.items()}
+    results = {f"h{c}": NS(accepted=c != "c6", tok_s=t) for c, t in tok_s.items()}
+    st = NS(specs=specs, results=results, best="c3")
+    search = NS(st=st, cfg=NS(seed=0, confirm_top=3))
+    # c6 is not verified; c3 is the search's best; ngram's best timed 0.83x stock
+    assert front_runners(search) == ["c3", "c2", "c7"]
+    search.cfg.confirm_top = 2
+    assert front_runners(search) == ["c3", "c2"]
