@@ -11,12 +11,12 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .runtime.cli_commands import DEVICES
 from .runtime.errors import SpecPilotError
 from .runtime.knobs import Knobs
 
 ROOT = Path(os.environ.get("SPECPILOT_ROOT", Path(__file__).resolve().parents[1]))
-DEVICES = ("cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # the names `runtime.loader.DTYPES` maps
 DRAFTER_KINDS = ("draft", "block", "ngram", "oracle")
 
 
@@ -79,6 +79,12 @@ def _resolve(p: str) -> str:
         return p
     q = Path(p)
     return str(q if q.is_absolute() else (ROOT / q))
+
+
+def check_device(device: str) -> None:
+    """A device the runtime knows (`runtime.cli_commands.DEVICES`), or a one-line error."""
+    if device not in DEVICES:
+        raise SpecPilotError(f"unknown device {device!r}: use {' or '.join(DEVICES)}")
 
 
 def _drafter(d: dict, where: str) -> DrafterSpec:

@@ -15,11 +15,11 @@ import json
 import os
 import re
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from .atomic import atomic_write
 from .deployment import ROOT
 from .runtime.errors import SpecPilotError
 
@@ -320,15 +320,9 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
                              "or choose another path")
     read_lineage(tr.dir)  # a corrupt lineage.json is a one-line error, not a traceback
     html = render_report(run_id, tr.events(), tr.dir)
-    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        os.fchmod(fd, 0o644)  # mkstemp makes it 0600; a report is for reading
-        with os.fdopen(fd, "w") as f:
+        with atomic_write(out) as f:
             f.write(html)
-        os.replace(tmp, out)
     except OSError as e:
-        if tmp:
-            Path(tmp).unlink(missing_ok=True)
         raise SpecPilotError(f"cannot write {out} ({e.strerror}): choose another --out") from None
     return out

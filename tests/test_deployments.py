@@ -128,3 +128,11 @@ def test_data_dir_that_is_a_file_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPILOT_DATA", str(f / "sub"))
     with pytest.raises(SpecPilotError, match="is not a folder"):
         data_dir()
+
+
+def test_deployment_dtypes_are_the_runtimes():
+    """deployment.py names the dtypes without importing torch; they must stay the loader's."""
+    from specpilot import deployment
+    from specpilot.runtime import loader
+
+    assert deployment.DTYPES == tuple(loader.DTYPES)

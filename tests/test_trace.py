@@ -193,8 +193,8 @@ def test_unreadable_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys):
 
 def test_report_out_is_checked_and_written_atomically(tmp_path, monkeypatch):
     import os
+    import tempfile
 
-    import specpilot.trace as T
     from specpilot.runtime.errors import SpecPilotError
 
     monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path / "runs"))
@@ -209,10 +209,10 @@ def test_report_out_is_checked_and_written_atomically(tmp_path, monkeypatch):
     def denied(*a, **kw):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(T.os, "replace", denied)  # fails after the temp file is written
+    monkeypatch.setattr(os, "replace", denied)  # fails after the temp file is written
     with pytest.raises(SpecPilotError, match=r"cannot write .*r.html \(Permission denied"):
         write_report("r1", out)
-    monkeypatch.setattr(T.tempfile, "mkstemp", denied)  # a read-only directory
+    monkeypatch.setattr(tempfile, "mkstemp", denied)  # a read-only directory
     with pytest.raises(SpecPilotError, match="cannot write"):
         write_report("r1", out)
     assert out.read_text() == "old report"

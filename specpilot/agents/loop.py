@@ -96,7 +96,7 @@ class Search:
         # every input is checked before the run directory exists: bad input leaves no run
         if not cfg.agents:
             raise SpecPilotError("--agents names no proposer: use heuristic, llm, replay or kernel")
-        for kind in cfg.agents:
+        for kind in cfg.agents:  # built here once, so a bad one fails here, not in its actor
             make_agent(kind, cfg, self.dep)
         tok = Tokenizer(self.dep.target)
         self.dev = load_prompts(self.dep.dev_workload, tok, cfg.dev_limit)

@@ -57,7 +57,6 @@ def agent_actor(kind: str, cfg, dep):
     """A Ray actor (no CPU reserved: proposing is I/O or cheap) holding one proposer."""
     import ray
 
-    make_agent(kind, cfg, dep)  # fail here, with a clear error, not inside the actor
     opts: dict = {"num_cpus": 0}
     if kind == "kernel" and dep.device == "cuda":
         # the kernel subagent times kernels between rounds, while no evaluation runs: it

@@ -200,7 +200,7 @@ def check_out_path(path: str | Path, flag: str, suffixes: tuple[str, ...]) -> Pa
 
 def write_result(path: str | Path, result: dict) -> None:
     """Atomically (a temporary file beside `path`, then a rename); one-line error if not."""
-    from ..forcing.calibrate import write_json_atomic
+    from ..atomic import write_json_atomic
 
     try:
         write_json_atomic(Path(path), result)
@@ -280,15 +280,15 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
                   repeats: int, out: str, device: str | None, dtype: str | None,
                   progress: bool = True) -> dict:
     """The body of `specpilot bench`: resolve what to run, run it, write --out."""
-    from ..runtime.cli_commands import DEVICES
+    from ..deployment import check_device
     from ..runtime.knobs import Knobs
     from ..runtime.tokenizer import Tokenizer
     from .runners import LocalRunner, ServerRunner
 
     check_ranges(limit=limit, batch=batch, max_new_tokens=max_new_tokens, k=k, repeats=repeats)
     check_out_path(out, "--out", ())
-    if device is not None and device not in DEVICES:
-        raise SpecPilotError(f"unknown device {device!r}: use {' or '.join(DEVICES)}")
+    if device is not None:
+        check_device(device)
     meta: dict = {}
     build = None
     if deployment:

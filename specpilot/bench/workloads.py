@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 import re
-import tempfile
 import tomllib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..atomic import atomic_write
 from ..deployment import ROOT, data_dir
 from ..runtime.errors import SpecPilotError
 
@@ -184,12 +183,9 @@ def read_jsonl(path: Path) -> list[WorkloadItem]:
 
 def write_jsonl(items: list[WorkloadItem], path: Path) -> None:
     """Atomic: a temporary file in the same folder, then a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with atomic_write(path, encoding="utf-8") as f:
         for it in items:
             f.write(json.dumps(asdict(it), ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
 
 
 def resolve(name_or_path: str) -> Path:

@@ -9,15 +9,13 @@ The result is a `Ceilings` JSON under `data_dir()/calibration/<device>.json` (at
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
-import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..atomic import write_json_atomic
 from .hardware import Ceilings, calibration_path, device_key
 
 # (N, K) weight shapes: 8B / 32B-class projections and an lm_head
@@ -178,13 +176,5 @@ def calibrate(device: str = "auto", shapes: tuple[tuple[int, int], ...] | None =
 def save_ceilings(c: Ceilings, path: Path | None = None) -> Path:
     """Write `c` atomically (temp file + rename) to its device's calibration file."""
     path = path or calibration_path(c.device)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(c.to_dict(), f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(path, c.to_dict())
     return path

@@ -7,10 +7,9 @@ arithmetic intensity against the device's bandwidth and compute ceilings (matplo
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
+from ..atomic import atomic_write
 from .hardware import Hardware
 from .roofline import StepCost, ar_step, draft_cost, verify_step
 from .spec import ModelSpec
@@ -153,17 +152,10 @@ def plot_roofline(steps: list[StepCost] | list[dict], hw: Hardware, path: str | 
     ax.grid(True, which="both", lw=0.3)
     ax.legend(fontsize=8, loc="lower right")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    try:  # a temporary file beside `path`, then a rename: never half a chart
-        with os.fdopen(fd, "wb") as f:
+    try:
+        with atomic_write(path, "wb") as f:
             fig.savefig(f, format=path.suffix.lstrip(".").lower() or "png", dpi=120,
                         bbox_inches="tight")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
     finally:
         plt.close(fig)
     return path

@@ -13,13 +13,12 @@ fp32 on CPU needs no calibration: its margin is 0 by contract.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
-import tempfile
 import time
 from pathlib import Path
 
+from ..atomic import write_json_atomic
 from ..deployment import data_dir
 from ..runtime.errors import SpecPilotError
 
@@ -29,21 +28,6 @@ DEFAULT_FACTOR = 4.0  # 2x covers a top-1 minus committed gap of two noisy logit
 def calibration_path(device_name: str, dtype: str) -> Path:
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "device"
     return data_dir() / "calibration" / f"{slug}-{dtype}.json"
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    """Write JSON to a temp file beside `path`, then rename it over (never half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-            f.write("\n")
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; results are meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def tie_margin(reference) -> tuple[float, str]:

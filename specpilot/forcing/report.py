@@ -82,15 +82,13 @@ def print_verdict(v: Verdict, console=None, limit: int = 20) -> None:
 def _check_options(max_new_tokens: int | None, tie_margin: float | None, device: str,
                    dtype: str) -> None:
     """Bad options are input errors, not verdicts: reject them before any work."""
-    from ..runtime.cli_commands import DEVICES
-    from ..runtime.loader import DTYPES
+    from ..deployment import DTYPES, check_device
 
     if max_new_tokens is not None and max_new_tokens < 1:
         raise SpecPilotError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if tie_margin is not None and not tie_margin >= 0:
         raise SpecPilotError(f"--tie-margin must be >= 0, got {tie_margin}")
-    if device not in DEVICES:
-        raise SpecPilotError(f"unknown device {device!r}: use {' or '.join(DEVICES)}")
+    check_device(device)
     if dtype not in DTYPES:
         raise SpecPilotError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
     if device == "cuda":
