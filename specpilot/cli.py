@@ -292,9 +292,23 @@ def deployments_show(name: str = typer.Argument(..., help="deployment name or TO
     show_command(name)
 
 
+def _command_line_error(e: Exception) -> tuple[str, int] | None:
+    """(one line, exit code) of an error the argument parser raised, else None. Typer's
+    parser is click, vendored by recent typer releases: recognized by its classes' names."""
+    names = {c.__name__ for c in type(e).__mro__}
+    if "ClickException" not in names:
+        return None
+    msg = " ".join(e.format_message().split())
+    ctx = getattr(e, "ctx", None)
+    if "UsageError" in names:
+        path = ctx.command_path if ctx is not None else "specpilot"
+        return f"error: {msg} (see '{path} --help')", 2
+    return f"error: {msg}", e.exit_code
+
+
 def main() -> None:
     try:
-        app()
+        rc = app(prog_name="specpilot", standalone_mode=False)
     except SpecPilotError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -310,3 +324,17 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # a bare group: its help, as before
+            if e.format_message():  # (typer's rich help has printed itself already)
+                print(e.format_message())
+            sys.exit(2)
+        if type(e).__name__ == "Abort":  # end of input at a prompt
+            print("error: aborted", file=sys.stderr)
+            sys.exit(1)
+        found = _command_line_error(e)
+        if found is None:
+            raise
+        print(found[0], file=sys.stderr)
+        sys.exit(found[1])
+    sys.exit(rc if isinstance(rc, int) else 0)

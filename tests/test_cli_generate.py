@@ -208,6 +208,8 @@ def test_bad_input_exits_2_with_one_line(cases, bad_runs, case, capsys, monkeypa
 def test_usage_errors_exit_2(bad_runs, case):
     rc, out, err = bad_runs[case]
     assert rc == 2 and "Traceback" not in err and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "generate --help" in lines[0]
 
 
 def test_deployment_defaults_and_flag_overrides(qwen3_dir, reference, tmp_path, capsys,
