@@ -11,9 +11,8 @@ process:
 
     PYTHONPATH=. python3 benchmarks/w12_escapes.py [--shapes qkv_32B,o_32B] [--batches 1,2]
 
-Timing as in w12_bench.py
-(CUDA graphs over weight copies rotated past the L2, medians); every launch is checked
-against its fp32 reference, NaN-poisoned outputs.
+Timing as in w12_bench.py (CUDA graphs over weight copies rotated past the L2, medians);
+every launch is checked against its fp32 reference, NaN-poisoned outputs.
 """
 
 from __future__ import annotations

@@ -2,8 +2,10 @@
 
 Each area registers its commands here; the work lives in the area's own module. Errors a
 user can act on (SpecPilotError) print as one line and exit 2, never as a traceback; so do
-a file that cannot be read or written and a damaged JSON or text input that a command did
-not check itself (the last line of defence, not the way errors are meant to be reported).
+the argument parser's own (unknown option, missing or malformed value: with the command's
+--help to see), a file that cannot be read or written and a damaged JSON or text input that
+a command did not check itself (the last line of defence, not the way errors are meant to be
+reported).
 """
 
 from __future__ import annotations
