@@ -637,6 +637,10 @@ def w12_candidates(b: int) -> list[KernelConfig]:
     if 2 <= b <= 8:  # the Gluon kernel with x slices prefetched too (one warp, depth 1)
         cfgs += [K(bm=8, bn=16, bk=256, split_k=s, warps=1, stages=1, dot=True,
                    variant=GLUON | XPRE) for s in (1, 2, 3, 4)]
+    if 4 <= b <= 8:  # ... and stream-K with 8 rows of x: evens out the waves of the largest
+        # shapes (gate_up 32B-class is 3.03 waves of one-warp tiles; seventeenth run)
+        cfgs.append(K(bm=8, bn=16, bk=256, split_k=8, warps=1, stages=1, dot=True,
+                      variant=GLUON | SK))
     if 8 < b <= 16:  # the Gluon kernel stream-K: 8 one-warp programs an SM (all resident)
         cfgs.append(K(bm=16, bn=16, bk=256, split_k=8, warps=1, stages=1, dot=True,
                       variant=GLUON | SK))
