@@ -5,7 +5,6 @@ and a non-zero exit, never as a traceback or a multi-line box."""
 from __future__ import annotations
 
 import json
-
 import sys
 
 import pytest
