@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -30,6 +31,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def deny_read(monkeypatch):
+    """deny_read(pred): Path.read_text raises PermissionError for the paths pred accepts
+    (tests run as root, where chmod 000 does not stop a read)."""
+    real = Path.read_text
+
+    def deny(pred):
+        def read_text(self, *a, **kw):
+            if pred(self):
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self, *a, **kw)
+
+        monkeypatch.setattr(Path, "read_text", read_text)
+
+    return deny
 
 
 @pytest.fixture(scope="session")

@@ -102,17 +102,10 @@ def test_bench_and_costmodel_stop_at_a_bad_deployment(tmp_path):
         assert r.returncode == 2 and "batch_sizes" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_unreadable_deployment_is_one_line(tmp_path, monkeypatch):
+def test_unreadable_deployment_is_one_line(tmp_path, deny_read):
     p = tmp_path / "t.toml"
     p.write_text(BASE)
-    real = Path.read_text
-
-    def denied(self, *a, **kw):
-        if self == p:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(Path, "read_text", denied)
+    deny_read(lambda f: f == p)
     with pytest.raises(SpecPilotError, match="cannot read deployment .*Permission denied"):
         load_deployment(str(p))
 

@@ -168,23 +168,14 @@ def test_corrupt_lineage_is_a_one_line_error(tmp_path, monkeypatch):
         assert res.stderr.startswith("error: ") and "lineage.json" in res.stderr
 
 
-def test_unreadable_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys):
-    from pathlib import Path
-
+def test_unreadable_trace_is_a_one_line_error(tmp_path, monkeypatch, capsys, deny_read):
     from specpilot.runtime.errors import SpecPilotError
     from specpilot.trace import show_run
 
     monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
     sample_run(tmp_path, "r1")
     sample_run(tmp_path, "r2")
-    real = Path.read_text
-
-    def read_text(self, *a, **kw):  # chmod 000 does not stop root, so deny it here
-        if self.name == "trace.jsonl" and self.parent.name == "r2":
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(Path, "read_text", read_text)
+    deny_read(lambda f: f.name == "trace.jsonl" and f.parent.name == "r2")
     with pytest.raises(SpecPilotError, match=r"cannot read .*r2/trace.jsonl \(Permission denied"):
         show_run("r2")
     assert [r.run_id for r in list_runs()] == ["r1"]

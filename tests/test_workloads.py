@@ -105,21 +105,14 @@ def test_cli_bad_workload_is_one_line_exit_2(data):
     assert r.stderr.strip().count("\n") == 0 and r.stderr.startswith("error: no workload")
 
 
-def test_unreadable_workloads_fail_in_one_line(tmp_path, data, monkeypatch):
+def test_unreadable_workloads_fail_in_one_line(tmp_path, data, deny_read):
     binary = tmp_path / "bin.jsonl"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe\x80")
     with pytest.raises(SpecPilotError, match="not a UTF-8 text file"):
         load_workload(str(binary))
     recipe = tmp_path / "r.toml"
     recipe.write_text("seed = 1\ncount = 3\n")
-    real = Path.read_text
-
-    def denied(self, *a, **kw):
-        if self == recipe:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real(self, *a, **kw)
-
-    monkeypatch.setattr(Path, "read_text", denied)
+    deny_read(lambda f: f == recipe)
     with pytest.raises(SpecPilotError) as e:
         load_workload(str(recipe))
     assert "cannot read workload recipe" in str(e.value) and "\n" not in str(e.value)
