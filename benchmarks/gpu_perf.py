@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 benchmarks/gpu_perf.py [--budget-s 270] [--out DIR]
         [--sections check,ar,verify,spec,attn] [--sizes 8b,32b] [--batches 1,8,32] [--kernels]
         [--gemv] [--attention triton|sdpa] [--drafts 0.6b,eagle] [--weights bf16|w12]
-        [--pdl on|off|both]
+        [--k K] [--pdl on|off|both]
     .venv/bin/python benchmarks/gpu_perf.py --smoke      # CPU, tiny model: exercises the code
 
 Sections (--sections, a comma list, default all), in order, each skipped once the time
@@ -18,7 +18,8 @@ budget is spent (the JSON is rewritten after each, so a cut run keeps what it me
   verify  verify(k) step / AR step for k = 2..16 at batch 1/8/32 (graph replays).
   spec    speculative tokens/s vs AR of the same prompts (measured in the section) with the
           oracle drafter (recorded on each spec engine's own path), alpha 0.6/0.8/0.9/1.0 at
-          the cost model's best k (batch 1: also k = 4..8 at alpha 0.8), drafting cost none, a
+          the cost model's best k (batch 1: also k = 4..8 at alpha 0.8; --k: one k for every
+          run), drafting cost none, a
           0.6B-class draft model or an EAGLE-class head of the target's width (--drafts;
           graphed, eager, with the fused kernels); accept length vs
           the geometric expectation; every output token-forced against the stock target.
@@ -339,17 +340,31 @@ def pdl_scope(on: bool):
     return pdl.scope(on)
 
 
-def apply_weights(model, batches: list[int]) -> str:
-    """--weights w12: W12 layers where the tuned table says W12 wins at every batch asked
-    (as `weights = w12` does for an AR engine). Returns a one-line summary."""
+def step_rows(preset: str, batches: list[int]) -> tuple[int, ...]:
+    """Rows the target's linears see per step in this run: each batch (decode) and, with
+    the spec section, batch x (k + 1) for every k its runs use (verify)."""
+    rows = set(batches)
+    if want("spec"):
+        names = ["none"] + [d.replace("eagle", f"eagle-{preset}")
+                            for d in ARGS.drafts.split(",") if d]
+        rows |= {B * (k + 1) for B in batches for d in names
+                 for k, _, _ in spec_plan(preset, B, d)}
+    return tuple(sorted(rows))
+
+
+def apply_weights(model, preset: str, batches: list[int]) -> str:
+    """--weights w12: W12 layers where the tuned table says W12 wins at every row count the
+    run's steps put through them (`step_rows`, as `weights = w12` does for an engine).
+    Returns a one-line summary."""
     if ARGS.weights != "w12" or ARGS.device != "cuda":
         return ""
     from specpilot.kernels.w12_linear import apply_w12
 
-    rep = apply_w12(model, rows=tuple(batches))
+    rows = step_rows(preset, batches)
+    rep = apply_w12(model, rows=rows)
     on = [d for d in rep.layers if d.applied]
-    return (f"W12 weights: {len(on)} of {len(rep.layers)} linears, linears' bytes "
-            f"{rep.bytes_after / max(rep.bytes_before, 1):.3f}x")
+    return (f"W12 weights (rows {','.join(map(str, rows))}): {len(on)} of {len(rep.layers)} "
+            f"linears, linears' bytes {rep.bytes_after / max(rep.bytes_before, 1):.3f}x")
 
 
 def engine_defaults(model, attention: bool) -> tuple[bool, object]:
@@ -373,7 +388,7 @@ def size_sections(preset: str, dt, batches: list[int], stock_check: bool) -> Non
     if ARGS.kernels:
         on = getattr(model, "set_fused_kernels", lambda on: False)(True)
         print(f"[{preset}] fused Triton elementwise kernels: {'on' if on else 'unavailable'}")
-    w12 = apply_weights(model, batches)
+    w12 = apply_weights(model, preset, batches)
     if w12:
         print(f"[{preset}] {w12}")
     on, rep = engine_defaults(model, attention=ARGS.kernels)
@@ -481,11 +496,17 @@ def alpha_hat(gens, k: int) -> tuple[float, float]:
 
 
 def spec_plan(preset: str, B: int, dname: str) -> list[tuple[int, list[float], bool]]:
-    """(k, alphas, draft_graphs) runs: the cost model's best k per alpha; at batch 1 also
-    k = 4..8 at alpha 0.8 and, with a draft model, its steps run eagerly for comparison."""
+    """(k, alphas, draft_graphs) runs: the cost model's best k per alpha (every run at k =
+    --k when given); at batch 1 also k = 4..8 at alpha 0.8 and, with a draft model, its
+    steps run eagerly for comparison."""
     alphas = [0.6, 0.8, 0.9] if dname == "none" else [0.8]
     if preset == "32b" or ARGS.smoke:
         alphas = [0.8]
+    if ARGS.k:
+        runs = [(ARGS.k, alphas + [1.0] * (dname == "none"), True)]
+        if B == 1 and dname != "none" and not dname.endswith("+kern"):
+            runs.append((ARGS.k, [0.8], False))
+        return runs
     plan: dict[int, list[float]] = {}
     for a in alphas:
         plan.setdefault(best_k(preset, B, a, dname.removesuffix("+kern")), []).append(a)
@@ -526,7 +547,7 @@ def spec_section(model, preset: str, dt, batches: list[int], stock_check: bool, 
                 engine_defaults(dk, attention=True)
                 drafts[dp + "+kern"] = dk
     print(f"\n[spec] {preset}: oracle drafter vs AR of the same prompts ({n_new} new tokens); "
-          f"k = cost model's best; expect = (1-a^(k+1))/(1-a); a^ = measured per-draft rate")
+          f"k = {ARGS.k or 'cost model best'}; expect = (1-a^(k+1))/(1-a); a^ = measured per-draft rate")
     hdr = (f"{'batch':>5}{'draft':>10}{'graph':>6}{'alpha':>6}{'k':>3}{'accept':>7}{'expect':>7}"
            f"{'a^':>7}{'+-':>6}{'tok/s':>9}{'AR':>8}{'speedup':>8}{'step/AR':>8}{'==rec':>7}"
            f"{'fails':>6}{'ties':>5}")
@@ -626,8 +647,12 @@ def main() -> int:
                     help="spec: draft-model presets whose cost the oracle pays (eagle = the "
                          "EAGLE-class head of the target's size, eagle-8b / eagle-32b)")
     ap.add_argument("--weights", choices=("bf16", "w12"), default="bf16",
-                    help="w12: W12 linears where the tuned table says they win at --batches "
-                         "(decode rows: sections check, ar and attn only)")
+                    help="w12: W12 linears where the tuned table says they win at every row "
+                         "count of the run's decode and speculative verify steps (not with "
+                         "the verify section, whose k sweep would rule W12 out)")
+    ap.add_argument("--k", type=int, default=0,
+                    help="spec: every run at this k (default: the cost model's best per "
+                         "alpha, and k = 4..8 at batch 1)")
     ap.add_argument("--pdl", choices=("on", "off", "both"), default="both",
                     help="programmatic dependent launch of the Triton kernels (ar: both = "
                          "off and on side by side; other sections: on unless off)")
@@ -651,9 +676,13 @@ def main() -> int:
     if bad:
         print(f"unknown --sections {sorted(bad)}: pick from {','.join(SECTIONS)}")
         return 2
-    if ARGS.weights == "w12" and {"verify", "spec"} & set(ARGS.sections):
-        print("--weights w12 picks W12 layers for decode steps of --batches rows, not for the "
-              "batch x (k + 1) rows of verify steps: run it with --sections check,ar,attn")
+    if ARGS.weights == "w12" and want("verify"):
+        print("--weights w12 picks W12 layers for the row counts of the run's decode and spec "
+              "steps, not for the verify section's k = 2..16 sweep: leave verify out of "
+              "--sections")
+        return 2
+    if ARGS.k < 0 or ARGS.k > 16:
+        print(f"--k must be 1..16 (0: the cost model's best), got {ARGS.k}")
         return 2
     if want("check"):
         check(dt)

@@ -61,14 +61,14 @@ def _w12_builds():
                 if cfg.variant & w12_triton.SK:
                     consts = w12_gluon.sk_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.warps, cfg.stages,
-                        bool(cfg.variant & w12_triton.XPRE))
+                        bool(cfg.variant & w12_triton.XPRE), use_pdl=True)
                     yield (w12_gluon.w12_gluon_sk_kernel, consts, cfg.warps, 1,
                            f"w12 gluon stream-K K={k} b{b} {cfg.label}")
                     continue
                 if cfg.variant & w12_triton.GLUON:
                     _, consts = w12_gluon.gluon_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
-                        cfg.stages, bool(cfg.variant & w12_triton.XPRE))
+                        cfg.stages, bool(cfg.variant & w12_triton.XPRE), use_pdl=True)
                     yield (w12_gluon.w12_gluon_kernel, consts, cfg.warps, 1,
                            f"w12 gluon K={k} b{b} {cfg.label}")
                     continue

@@ -1,14 +1,42 @@
 """Programmatic dependent launch: the knob, the switch, and (on a GPU) that a step launched
-with PDL computes exactly what the same step computes without it."""
+with PDL computes exactly what the same step computes without it, and that the W12 kernels
+wait for the kernel that writes their input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from specpilot.kernels import pdl
 from specpilot.runtime.errors import SpecPilotError
 from specpilot.runtime.knobs import Knobs
+
+
+@triton.jit
+def _now():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
+def _late_copy(src, dst, n, DELAY_NS: tl.constexpr, BLOCK: tl.constexpr):
+    """dst = src, written DELAY_NS after the kernel released its dependents (at its start)."""
+    tl.extra.cuda.gdc_launch_dependents()
+    t0 = _now()
+    t = t0
+    while t - t0 < DELAY_NS:
+        t = _now()
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def _eager_copy(src, dst, n, BLOCK: tl.constexpr):
+    """dst = src with no wait for the kernel before: the control that sees the race."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(dst + offs, tl.load(src + offs, mask=offs < n), mask=offs < n)
 
 
 def test_knob_defaults_on_and_rejects_non_bool():
@@ -77,3 +105,59 @@ def test_pdl_step_equals_plain_step_bit_for_bit():
     prompts = [torch.randint(0, cfg.vocab_size, (n,), generator=g).tolist() for n in (9, 40, 3)]
     a, b = (Engine(model, pdl=on).generate(prompts, 32, ignore_eos=True) for on in (False, True))
     assert [x.output_ids for x in a] == [x.output_ids for x in b]
+
+
+@pytest.mark.gpu
+def test_w12_kernels_wait_for_the_kernel_that_writes_x():
+    """Under PDL a W12 kernel may start while the kernel before it still runs; it must read
+    x only after that kernel is done. Here the kernel before releases its dependents at once,
+    then waits 1 ms before it writes x over a NaN-poisoned buffer. A control consumer that
+    never waits does read the poison (so the race is real on this device), and every Gluon
+    config of the W12 grid (batch 2-32) and each batch's first Triton config still match the
+    fp32 reference."""
+    from specpilot.kernels import w12 as fmt
+    from specpilot.kernels.w12_triton import GLUON, w12_candidates, w12_matmul
+
+    if not pdl.supported(torch.device("cuda")):
+        pytest.skip("PDL needs compute capability 9.0+")
+
+    def behind_late_writer(x, consume, out):
+        """consume(x written by the late writer, out): nothing but the writer runs between
+        (out and x's buffer are poisoned before it; a torch launch in between would wait)."""
+        consume(x, torch.empty_like(out))  # compiled and warm: launched within the delay
+        xbuf = torch.full_like(x, float("nan"))
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        _late_copy[(triton.cdiv(x.numel(), 1024),)](x, xbuf, x.numel(), DELAY_NS=1_000_000,
+                                                   BLOCK=1024, launch_pdl=True)
+        consume(xbuf, out)
+        torch.cuda.synchronize()
+        return out
+
+    n, k = 1000, 4000
+    g = torch.Generator(device="cuda").manual_seed(7)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w[0, 0], w[3, 7] = 40.0, -0.0
+    p = fmt.pack(w)
+    x = torch.randn(32, k, device="cuda", generator=g).to(torch.bfloat16)
+
+    def control(xbuf, out):
+        _eager_copy[(triton.cdiv(xbuf.numel(), 1024),)](xbuf, out, xbuf.numel(), BLOCK=1024,
+                                                       launch_pdl=True)
+    seen = behind_late_writer(x, control, torch.empty_like(x))
+    assert seen.isnan().any(), "no race to guard against"
+
+    checked = 0
+    for b in (1, 2, 4, 8, 16, 32):
+        ref = x[:b].float() @ w.float().T
+        grid = w12_candidates(b)
+        for cfg in [c for i, c in enumerate(grid) if i == 0 or c.variant & GLUON]:
+            def run(xbuf, y, cfg=cfg, b=b):
+                with pdl.scope(True):
+                    w12_matmul(xbuf[:b], p, cfg, out=y)
+            y = behind_late_writer(x, run, torch.empty(b, n, device="cuda",
+                                                       dtype=torch.bfloat16))
+            err = ((y.float() - ref).norm() / ref.norm()).item()
+            assert err < 1e-2, (b, cfg.label, err)
+            checked += bool(cfg.variant & GLUON)
+    assert checked > 0  # the grid's Gluon configs were among them

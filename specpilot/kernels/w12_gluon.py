@@ -22,7 +22,9 @@ during the last unrolled iteration, so the epilogue's dependent round trips do n
 at the end. Split-K partials are reduced by the last program of a tile (`splitk.py`'s
 protocol). The stream-K launch (`w12_gluon_sk_kernel`) runs the same tile code over
 pieces: as many programs as stay resident share the tiles x steps units evenly, each
-tile's pieces reduced in program order (deterministic, like split-K). The tuner picks, per
+tile's pieces reduced in program order (deterministic, like split-K). With PDL (`pdl.py`,
+the engine's knob) a program loads its first steps' words (constant data), then waits for
+the kernel before it, and releases the next one after its main loop. The tuner picks, per
 shape and batch, between this kernel and the Triton ones (`KernelConfig.variant` bit
 `GLUON`). Steps are 32-64 words of one column group (a 16-word step leaves the k_width-8
 operand layout half empty and measured wrong in the first form of this kernel).
@@ -38,6 +40,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
+from . import pdl
 from .splitk import workspace
 from .w12 import W12Weight
 from .w12_triton import DECODE_BF16_ASM, DECODE_BF16_CONSTRAINTS, H_CONST4, H_MASK4, split_words
@@ -57,6 +60,13 @@ def _decode(c, a0, a1):
             b2.to(gl.bfloat16, bitcast=True), b3.to(gl.bfloat16, bitcast=True),
             b4.to(gl.bfloat16, bitcast=True), b5.to(gl.bfloat16, bitcast=True),
             b6.to(gl.bfloat16, bitcast=True), b7.to(gl.bfloat16, bitcast=True))
+
+
+@gluon.jit
+def _gdc(ASM: gl.constexpr):
+    """One grid-dependency-control instruction (`pdl.py`'s enter and release, in Gluon)."""
+    gl.inline_asm_elementwise(ASM + " // dummy $0", "=r", [], dtype=gl.int32, is_pure=False,
+                              pack=1)
 
 
 @gluon.jit
@@ -106,11 +116,18 @@ def _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, w, GW: gl.constexpr, j2, jx2
           EVEN: gl.constexpr, XPRE: gl.constexpr):
     """One step's buffer: its word tiles, and with XPRE its x slices too (else 0: the step
     loads them when it runs)."""
-    cw, a0, a1 = _words(c_ptr, a_ptr, c_off, a_off, w, GW, j2, KW, EVEN)
+    return _with_x(_words(c_ptr, a_ptr, c_off, a_off, w, GW, j2, KW, EVEN), x_ptr, x_off, w,
+                   GW, jx2, K, EVEN, XPRE)
+
+
+@gluon.jit
+def _with_x(wd, x_ptr, x_off, w, GW: gl.constexpr, jx2, K, EVEN: gl.constexpr,
+            XPRE: gl.constexpr):
+    """`_load`'s buffer from words wd loaded earlier: with XPRE, the step's x slices added."""
     if XPRE:
-        return (cw, a0, a1, _xs(x_ptr, x_off, w, GW, jx2, K, EVEN))
+        return (wd[0], wd[1], wd[2], _xs(x_ptr, x_off, w, GW, jx2, K, EVEN))
     else:
-        return (cw, a0, a1, 0)
+        return (wd[0], wd[1], wd[2], 0)
 
 
 @gluon.jit
@@ -150,14 +167,14 @@ def w12_gluon_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr,
-    DEPTH: gl.constexpr, XPRE: gl.constexpr, ESC_EARLY: gl.constexpr,
+    DEPTH: gl.constexpr, XPRE: gl.constexpr, ESC_EARLY: gl.constexpr, PDL: gl.constexpr,
 ):
     """One (tile, split) per program: split pid_k takes words [pid_k * K_PER, + K_PER)."""
     tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr,
           cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, tile, pid_n, pid_m,
           pid_k, K_PER, K_PER, pid_k, SPLIT_K, SPLIT_K, BM, BN, SW, GW, EVEN, ECH, WARPS, DEPTH,
-          XPRE, ESC_EARLY)
+          XPRE, ESC_EARLY, PDL)
 
 
 @gluon.jit
@@ -166,7 +183,7 @@ def w12_gluon_sk_kernel(
     cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, S, UNITS, SLOTS,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     EVEN: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, DEPTH: gl.constexpr,
-    XPRE: gl.constexpr, ESC_EARLY: gl.constexpr,
+    XPRE: gl.constexpr, ESC_EARLY: gl.constexpr, PDL: gl.constexpr,
 ):
     """Stream-K: the UNITS = tiles x S steps (S steps of SW words a tile) split evenly over
     the programs, program p taking units [p * UNITS // P, (p + 1) * UNITS // P) across tile
@@ -183,7 +200,8 @@ def w12_gluon_sk_kernel(
         _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr,
               ws_ptr, cnt_ptr, M, N, K, KW, stride_a, stride_c, stride_xm, stride_ym, t, t // mt,
               t % mt, a, SW, (gl.minimum(hi - t * S, S) - a) * SW, p - first,
-              last - first + 1, SLOTS, BM, BN, SW, GW, EVEN, ECH, WARPS, DEPTH, XPRE, ESC_EARLY)
+              last - first + 1, SLOTS, BM, BN, SW, GW, EVEN, ECH, WARPS, DEPTH, XPRE, ESC_EARLY,
+              PDL)
 
 
 @gluon.jit
@@ -192,9 +210,11 @@ def _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_p
           i0, mult, kper, pid_k, nsplit, slots, BM: gl.constexpr, BN: gl.constexpr,
           SW: gl.constexpr, GW: gl.constexpr, EVEN: gl.constexpr, ECH: gl.constexpr,
           WARPS: gl.constexpr, DEPTH: gl.constexpr, XPRE: gl.constexpr,
-          ESC_EARLY: gl.constexpr):
+          ESC_EARLY: gl.constexpr, PDL: gl.constexpr):
     """Words [i0 * mult, + kper) of weight tile pid_n x x tile pid_m (clipped to KW), as split
-    pid_k of the tile's nsplit (partials in ws slots tile * slots + split)."""
+    pid_k of the tile's nsplit (partials in ws slots tile * slots + split). With PDL the
+    first buffers' words (constant data) load before the wait for the kernel before, which
+    wrote x; x and everything after come after it."""
     # y^T tile [BN, BM] = W [BN, K] @ x^T [K, BM]: the weights are the MMA's A operand (16
     # rows x 16 K per mma.sync m16n8k16, warps split the rows), x^T its B operand (8 batch
     # rows per MMA: batch 2-8 pads to 8, not 16). k_width 8: each thread holds 8 consecutive
@@ -232,10 +252,17 @@ def _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_p
     w_end = gl.maximum(gl.minimum(w_lo + kper, KW), w_lo)
     nsteps = (w_end - w_lo + SW - 1) // SW
     wl = gl.maximum(gl.minimum(w_lo + (nsteps - 1) * SW, KW - SW), 0)  # last step start
-    b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo, wl), GW, j2, jx2, KW,
-               K, EVEN, XPRE)
-    b1 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + SW, wl), GW, j2, jx2,
-               KW, K, EVEN, XPRE)
+    if PDL:
+        wd0 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo, wl), GW, j2, KW, EVEN)
+        wd1 = _words(c_ptr, a_ptr, c_off, a_off, gl.minimum(w_lo + SW, wl), GW, j2, KW, EVEN)
+        _gdc("griddepcontrol.wait;")
+        b0 = _with_x(wd0, x_ptr, x_off, gl.minimum(w_lo, wl), GW, jx2, K, EVEN, XPRE)
+        b1 = _with_x(wd1, x_ptr, x_off, gl.minimum(w_lo + SW, wl), GW, jx2, K, EVEN, XPRE)
+    else:
+        b0 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo, wl), GW, j2, jx2,
+                   KW, K, EVEN, XPRE)
+        b1 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + SW, wl), GW, j2,
+                   jx2, KW, K, EVEN, XPRE)
     if DEPTH > 1:
         b2 = _load(c_ptr, a_ptr, c_off, a_off, x_ptr, x_off, gl.minimum(w_lo + 2 * SW, wl), GW,
                    j2, jx2, KW, K, EVEN, XPRE)
@@ -277,6 +304,8 @@ def _tile(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr, ebits_p
         acc = _step(acc, b0, x_ptr, x_off, w_full, GW, jx2, K, EVEN, XPRE)
     if w_full + SW < w_end:
         acc = _step(acc, b1, x_ptr, x_off, w_full + SW, GW, jx2, K, EVEN, XPRE)
+    if PDL:
+        _gdc("griddepcontrol.launch_dependents;")
     if not ESC_EARLY:  # all after the loop (16 rows: the early form measured slower)
         rows = _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS)
         t = 0
@@ -396,10 +425,12 @@ def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_
 
 
 def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
-                    warps: int, depth: int, xpre: bool = False) -> tuple[int, dict]:
+                    warps: int, depth: int, xpre: bool = False,
+                    use_pdl: bool = False) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
     (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program,
-    a K step of bk columns and (xpre) x slices loaded a step ahead with the words."""
+    a K step of bk columns, (xpre) x slices loaded a step ahead with the words and
+    (use_pdl) a launch with programmatic dependent launch."""
     if bm not in (8, 16, 32):
         raise ValueError(f"the Gluon W12 kernel takes 8, 16 or 32 rows of x per program, "
                          f"got {bm}")
@@ -418,30 +449,31 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
     kper, even = split_words(k, kp, sw, split_k)
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even,
                   "ECH": 8, "WARPS": warps, "DEPTH": depth, "XPRE": xpre,
-                  "ESC_EARLY": bm == 8}
+                  "ESC_EARLY": bm == 8, "PDL": use_pdl}
 
 
 def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
                      split_k: int, warps: int, depth: int, xpre: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows on a CUDA device, y allocated; rows
-    in tiles of bm). Launched without PDL: the kernel reads x from its first instruction."""
+    in tiles of bm); with PDL where `pdl.active` says so."""
     m, k = x.shape
-    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth, xpre)
+    on = pdl.active(x.device)
+    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth, xpre, on)
     grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
     kw = w.kp // 8
     w12_gluon_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
         w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
-        y.stride(0), kper, num_warps=warps, **consts)
+        y.stride(0), kper, num_warps=warps, **consts, **pdl.launch(on))
     return y
 
 
 def sk_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, warps: int, depth: int,
-                 xpre: bool = False) -> dict:
+                 xpre: bool = False, use_pdl: bool = False) -> dict:
     """The stream-K kernel's constexprs: `gluon_constants`' less the split count; EVEN when x
     has no padded columns (every unit is a whole step of real words)."""
-    _, consts = gluon_constants(k, kp, gw, bm, bn, bk, 1, warps, depth, xpre)
+    _, consts = gluon_constants(k, kp, gw, bm, bn, bk, 1, warps, depth, xpre, use_pdl)
     del consts["SPLIT_K"]
     consts["EVEN"] = k == kp
     return consts
@@ -472,7 +504,8 @@ def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int,
     8 one-warp programs at 246-254 registers) share the (tile, step) units evenly, so no
     wave of programs is left part-full."""
     m, k = x.shape
-    consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre)
+    on = pdl.active(x.device)
+    consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre, on)
     kw = w.kp // 8
     tiles, steps, units, p, slots = stream_k_plan(
         w.n, m, kw, bm, bn, consts["SW"], per_sm * _sm_count(x.device.index))
@@ -480,5 +513,5 @@ def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int,
     w12_gluon_sk_kernel[(p,)](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
         w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
-        y.stride(0), steps, units, slots, num_warps=warps, **consts)
+        y.stride(0), steps, units, slots, num_warps=warps, **consts, **pdl.launch(on))
     return y
