@@ -96,11 +96,6 @@ class Knobs:
             raise SpecPilotError(f"weights must be bf16 or w12, got {self.weights!r}")
         if self.gemv not in ("cublas", "auto"):
             raise SpecPilotError(f"gemv must be cublas or auto, got {self.gemv!r}")
-        if not isinstance(self.fused_kernels, bool):
-            raise SpecPilotError(f"fused_kernels must be true or false, "
-                                 f"got {self.fused_kernels!r}")
-        if not isinstance(self.pdl, bool):
-            raise SpecPilotError(f"pdl must be true or false, got {self.pdl!r}")
         if self.kv_bucket < 0 or self.kv_bucket % 16:
             raise SpecPilotError(f"kv_bucket must be 0 or a positive multiple of 16, "
                                  f"got {self.kv_bucket}")
