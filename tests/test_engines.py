@@ -176,7 +176,7 @@ def test_replay_of_the_shipped_tiny_cpu_engine():
     res = replay(SHIPPED, rounds=2, dev_limit=6, gate_limit=6)
     assert res["hash_matches"], "the shipped engine's hash no longer matches its files"
     assert res["verified"], res["reason"]
-    # Speed is a benchmark's claim (docs/BENCHMARKS.md: replay 1.33x vs stock), not a unit
+    # Speed is a benchmark's claim (docs/BENCHMARKS.md: replay 1.31x vs stock), not a unit
     # test's: a loaded CI box can make any ratio. Here: the replay measured both, sanely.
     for key in ("speedup_vs_stock", "speedup_vs_ar"):
         lo, hi = res[key]["ci95"]
