@@ -5,6 +5,7 @@ projections; bucketed attention; knobs."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +228,24 @@ def test_gpu_perf_smoke_runs_on_cpu(tmp_path):
                        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"}, check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "verdict: PASS" in r.stdout and (tmp_path / "gpu_perf.json").is_file()
+
+
+def test_gpu_perf_spec_at_one_k_and_its_bad_flags(tmp_path):
+    """--k runs every spec row at that k (the oracle's outputs still token-forced: no
+    failures); a k out of range and W12 weights with the verify sweep are one-line refusals."""
+    def run(*args):
+        return subprocess.run([sys.executable, "benchmarks/gpu_perf.py", "--smoke", "--out",
+                               str(tmp_path), *args], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"},
+                              check=False)
+    r = run("--sections", "spec", "--k", "3")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = json.loads((tmp_path / "gpu_perf.json").read_text())["tiny"]["spec"]
+    assert rows and {row["k"] for row in rows} == {3}
+    assert {row["alpha"] for row in rows if row["draft"] == "none"} == {0.8, 1.0}
+    assert all(row["failures"] == 0 for row in rows)
+    for args, msg in ((("--k", "17"), "--k must be 1..16"),
+                      (("--weights", "w12", "--sections", "ar,verify"), "leave verify out")):
+        r = run(*args)
+        assert r.returncode == 2 and msg in r.stdout.strip().splitlines()[-1], r.stdout
+        assert "Traceback" not in r.stderr
