@@ -62,6 +62,7 @@ class Hardware:
     calibrated: str = ""  # date of the measurement the ceilings came from, "" = datasheet
     stream_bw: float = 0.0  # measured streaming bandwidth (0 = not measured)
     measured_flops: dict[str, float] = field(default_factory=dict)  # measured GEMM rates
+    kernel_table: str = ""  # the tuned kernel table measured on this device ("" = none)
 
     # The floor (`bound`) never uses less than the datasheet: a measured ceiling is what one
     # library reached, and a better kernel may beat it; `achieved` is what to expect.
@@ -148,7 +149,9 @@ TABLE: dict[str, Hardware] = {
         sources={"mem_bw": "NVIDIA H200 Tensor Core GPU datasheet (HBM3e 4.8 TB/s)",
                  "flops": "NVIDIA H200 datasheet (same rates as H100 SXM; dense)",
                  "l2_bytes": "torch device properties on an H200 here (KINDS.md, 2026-10-28)",
-                 "sm_count": "torch device properties on an H200 here (measurements, 2026-11-29)"}),
+                 "sm_count": "torch device properties on an H200 here (measurements, 2026-11-29)",
+                 "kernel_table": "specpilot/kernels/tuned/nvidia-h200.json (w12_bench.py)"},
+        kernel_table="nvidia-h200"),
     "a100": Hardware(
         "a100", "NVIDIA A100 SXM4 80GB", 2.039 * T,
         {"bf16": 312 * T, "fp16": 312 * T, "fp32": 19.5 * T}, 40 * MB, 108,

@@ -4,7 +4,8 @@ A forward pass over `batch` sequences with `q` new tokens each, on top of `conte
 tokens, is a list of operators. Each operator's floor is max(bytes / bandwidth, FLOPs / rate);
 the step's floor (`bound_ms`) is their sum. `expected_ms` uses the measured skinny-GEMM
 efficiency of the device when it is calibrated, plus the per-step overhead: what a good
-stock engine should reach, where `bound_ms` is what no engine can beat.
+stock engine should reach, where `bound_ms` is what no engine can beat. W12 linears are
+priced from the device's tuned kernel table where it has one (`w12_times.py`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from ..runtime.errors import SpecPilotError
 from .hardware import Hardware
 from .spec import ModelSpec
+from .w12_times import W12Times
 
 GEMM_KINDS = ("gemm", "experts")
 
@@ -35,6 +37,8 @@ class OpCost:
     limit: str = "memory"  # which ceiling sets bound_ms: memory | compute
     matrix_bytes: float = 0.0  # bytes of one weight matrix (for the skinny-GEMM table)
     tokens: float = 0.0  # rows of the GEMM (tokens through one instance)
+    n: int = 0  # one weight matrix's shape [n, k] (linears)
+    k: int = 0
 
     @property
     def bytes(self) -> float:
@@ -109,7 +113,7 @@ def _linear(name: str, spec: ModelSpec, n: int, k: int, tokens: int, count: int)
     a = spec.act_bytes
     return OpCost(name, "gemm", count, weight_bytes=mb * count,
                   act_bytes=tokens * (k + n) * a * count, flops=2.0 * tokens * n * k * count,
-                  matrix_bytes=mb, tokens=tokens)
+                  matrix_bytes=mb, tokens=tokens, n=n, k=k)
 
 
 def expected_experts(num_experts: int, top_k: int, tokens: int) -> float:
@@ -177,13 +181,31 @@ def _time(op: OpCost, hw: Hardware, compute: str) -> None:
     op.limit = "compute" if flop_s > mem_s else "memory"
     op.bound_ms = max(mem_s, flop_s) * 1e3
     rate_s = op.flops / hw.achieved_flops(dtype)
-    if op.kind in GEMM_KINDS and hw.gemm_table:
+    if op.kind in GEMM_KINDS:
         per = op.weight_bytes / op.count if op.count else 0.0
-        w_s = op.weight_bytes / hw.gemm_bw(op.matrix_bytes or per, op.tokens or 1.0)
-        other_s = (op.bytes - op.weight_bytes) / hw.achieved_bw
-        op.expected_ms = max(w_s + other_s, rate_s) * 1e3
+        stream_s = _gemm_s(hw, op.weight_bytes, op.matrix_bytes or per, op.tokens,
+                           op.bytes - op.weight_bytes)
+        op.expected_ms = max(stream_s, rate_s) * 1e3
     else:
         op.expected_ms = max(op.bytes / hw.achieved_bw, rate_s) * 1e3
+
+
+def _gemm_s(hw: Hardware, weight_bytes: float, matrix_bytes: float, tokens: float,
+            other_bytes: float) -> float:
+    """Seconds a GEMM streams its weights (at the measured skinny-GEMM rate of a matrix this
+    size, when calibrated) and its other bytes."""
+    w_bw = hw.gemm_bw(matrix_bytes, tokens or 1.0) if hw.gemm_table else hw.achieved_bw
+    return weight_bytes / w_bw + other_bytes / hw.achieved_bw
+
+
+def _price_w12(op: OpCost, hw: Hardware, f: float) -> None:
+    """A W12 linear's expected time as the engine builds it (`w12_times`): its bf16 time,
+    times f (W12's measured time over cuBLAS's, or 1 where the engine keeps it bf16), and
+    never under its floor (the table's cuBLAS can be slower than the calibrated one)."""
+    mb = 2.0 * op.n * op.k
+    stream_s = _gemm_s(hw, mb * op.count, mb, op.tokens, op.bytes - op.weight_bytes)
+    bf16_ms = max(stream_s, op.flops / hw.achieved_flops("bf16")) * 1e3
+    op.expected_ms = max(bf16_ms * f, op.bound_ms)
 
 
 def forward_cost(spec: ModelSpec, hw: Hardware, batch: int, q: int, context: int,
@@ -193,8 +215,16 @@ def forward_cost(spec: ModelSpec, hw: Hardware, batch: int, q: int, context: int
         raise SpecPilotError(f"batch and tokens must be >= 1 and context >= 0 "
                              f"(got batch={batch}, q={q}, context={context})")
     ops = _ops(spec, batch, q, context)
+    times = W12Times.load(hw.kernel_table) if spec.fmt.name == "w12" and hw.kernel_table else None
     for op in ops:
         _time(op, hw, spec.fmt.compute)
+        if times is not None and op.kind == "gemm":
+            # a tied LM head shares the embedding's weights: the engine keeps it bf16
+            tied = op.name == "lm_head" and spec.tie_word_embeddings
+            f = 1.0 if tied else times.factor(op.n, op.k, round(op.tokens),
+                                              tuple(sorted({batch, batch * q})))
+            if f is not None:
+                _price_w12(op, hw, f)
     return StepCost(name, batch, q, context, ops=ops, overhead_ms=hw.step_overhead_s * 1e3)
 
 
