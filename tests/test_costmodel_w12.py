@@ -12,6 +12,7 @@ from specpilot.costmodel.hardware import get_hardware
 from specpilot.costmodel.roofline import ar_step, verify_step
 from specpilot.costmodel.spec import load_spec
 from specpilot.costmodel.w12_times import W12Times
+from specpilot.runtime.errors import SpecPilotError
 
 
 @pytest.fixture(autouse=True)
@@ -99,3 +100,16 @@ def test_the_users_table_comes_first(tmp_path):
     for o in a.ops:
         if o.kind == "gemm":
             assert b.op(o.name).expected_ms == pytest.approx(o.expected_ms), o.name
+
+
+@pytest.mark.parametrize("text", ["{not json", '["a list"]',
+                                  '{"entries": {"w12:1x1:b1": {"median_us": "x"}}}',
+                                  '{"entries": {"w12:1by1:b1": {"median_us": 1.0}}}',
+                                  '{"entries": {"w12:1x1:b1": {"config": {}}}}'])
+def test_a_broken_table_is_a_clear_error(tmp_path, text):
+    path = tmp_path / "data" / "kernels" / "nvidia-h200.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    w12 = replace(load_spec("8b"), weights="w12")
+    with pytest.raises(SpecPilotError, match="not a readable tuned kernel table"):
+        ar_step(w12, get_hardware("h200", "reference"), 1)

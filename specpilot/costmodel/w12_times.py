@@ -17,6 +17,8 @@ import json
 import math
 from pathlib import Path
 
+from ..runtime.errors import SpecPilotError
+
 MIN_GAIN = 1.05  # apply_w12's default
 BUCKETS = (1, 2, 4, 8, 16, 32)  # the kernels' row buckets; above 32 rows W12 unpacks
 SHIPPED = Path(__file__).resolve().parents[1] / "kernels" / "tuned"
@@ -30,8 +32,11 @@ class W12Times:
     """Median microseconds per (kernel, N, K, row bucket) of one device's tuned table."""
 
     def __init__(self, entries: dict[str, dict]):
-        self.us = {key: float(v["median_us"]) for key, v in entries.items()
-                   if isinstance(v, dict) and "median_us" in v}
+        self.us: dict[tuple[str, int, int, int], float] = {}
+        for key, v in entries.items():  # "kernel:NxK:bB" -> {"median_us": ..., ...}
+            kernel, shape, b = key.split(":")
+            n, k = map(int, shape.split("x"))
+            self.us[(kernel, n, k, int(b.removeprefix("b")))] = float(v["median_us"])
 
     @classmethod
     def load(cls, slug: str) -> W12Times | None:
@@ -40,15 +45,18 @@ class W12Times:
 
         for path in (data_dir() / "kernels" / f"{slug}.json", SHIPPED / f"{slug}.json"):
             if path.is_file():
-                return cls(json.loads(path.read_text()).get("entries", {}))
+                try:
+                    return cls(json.loads(path.read_text()).get("entries", {}))
+                except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+                    raise SpecPilotError(f"{path}: not a readable tuned kernel table ({e}); "
+                                         "delete it or re-run the kernel tuning") from None
         return None
 
     def _shape(self, n: int, k: int, b: int) -> tuple[int, int] | None:
         """(N, K) measured for W12 at bucket b: (n, k) itself, else the nearest by
         |ln(n / N)| + |ln(k / K)| as its stand-in (the engine runs an untuned shape on the
         config of its nearest tuned shape of the same column-group width)."""
-        shapes = [tuple(map(int, key.split(":")[1].split("x"))) for key in self.us
-                  if key.startswith("w12:") and key.endswith(f":b{b}")]
+        shapes = [(nn, kk) for kern, nn, kk, bb in self.us if kern == "w12" and bb == b]
         if (n, k) in shapes:
             return n, k
         return min(shapes, default=None,
@@ -60,8 +68,7 @@ class W12Times:
         shape = self._shape(n, k, b) if b else None
         if shape is None:
             return None
-        key = f"{shape[0]}x{shape[1]}:b{b}"
-        w12, cublas, bf16 = (self.us.get(f"{kern}:{key}") for kern in ("w12", "cublas", "bf16"))
+        w12, cublas, bf16 = (self.us.get((kern, *shape, b)) for kern in ("w12", "cublas", "bf16"))
         if not (w12 and cublas):
             return None
         return min(t for t in (cublas, bf16) if t) / w12, w12 / cublas
