@@ -113,3 +113,16 @@ def test_a_broken_table_is_a_clear_error(tmp_path, text):
     w12 = replace(load_spec("8b"), weights="w12")
     with pytest.raises(SpecPilotError, match="not a readable tuned kernel table"):
         ar_step(w12, get_hardware("h200", "reference"), 1)
+
+
+def test_copies_agree_with_the_kernels():
+    """The cost model keeps standard-library copies of the kernels' constants."""
+    import inspect
+
+    from specpilot.costmodel import w12_times
+    from specpilot.kernels import tuning
+    from specpilot.kernels.w12_linear import apply_w12
+
+    assert w12_times.BUCKETS == tuning.BUCKETS
+    assert w12_times.SHIPPED == tuning.SHIPPED.resolve()
+    assert w12_times.MIN_GAIN == inspect.signature(apply_w12).parameters["min_gain"].default

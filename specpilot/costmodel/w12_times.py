@@ -13,12 +13,15 @@ its bf16 time. Standard library only, like the rest of the cost model.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
 from ..runtime.errors import SpecPilotError
 
+# copies of the kernels' own (kernels/ imports torch): tests/test_costmodel_w12.py checks
+# that they agree
 MIN_GAIN = 1.05  # apply_w12's default
 BUCKETS = (1, 2, 4, 8, 16, 32)  # the kernels' row buckets; above 32 rows W12 unpacks
 SHIPPED = Path(__file__).resolve().parents[1] / "kernels" / "tuned"
@@ -45,12 +48,9 @@ class W12Times:
 
         for path in (data_dir() / "kernels" / f"{slug}.json", SHIPPED / f"{slug}.json"):
             if path.is_file():
-                try:
-                    return cls(json.loads(path.read_text()).get("entries", {}))
-                except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-                    raise SpecPilotError(f"{path}: not a readable tuned kernel table ({e}); "
-                                         "delete it or re-run the kernel tuning") from None
+                return _read(str(path), path.stat().st_mtime_ns)
         return None
+
 
     def _shape(self, n: int, k: int, b: int) -> tuple[int, int] | None:
         """(N, K) measured for W12 at bucket b: (n, k) itself, else the nearest by
@@ -86,3 +86,14 @@ class W12Times:
         if here is None or any(p is None for p in per_row):
             return None
         return here[1] if all(p[0] >= MIN_GAIN for p in per_row) else 1.0
+
+
+@functools.cache
+def _read(path: str, mtime_ns: int) -> W12Times:
+    """The table at `path`, parsed once per version of the file (a speedup table prices
+    dozens of steps)."""
+    try:
+        return W12Times(json.loads(Path(path).read_text()).get("entries", {}))
+    except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        raise SpecPilotError(f"{path}: not a readable tuned kernel table ({e}); "
+                             "delete it or re-run the kernel tuning") from None
