@@ -3,6 +3,7 @@
 Run on the GPU machine from the repo root:
 
     PYTHONPATH=. python3 benchmarks/w12_bench.py [--quick] [--no-step] [--explore] [--asm]
+        [--shipped] [--pdl]
 
 Checks first (bit-exact unpack on the device for all 65536 bf16 patterns and per shape;
 every tuned config against the fp32 reference on fresh inputs with NaN-poisoned outputs),
@@ -11,7 +12,10 @@ and prints the table last. Writes w12_bench.json and the tuned-config table
 (<device>.json) under $OUT (default: the current directory). `--explore` times a wider
 tensor-core grid (`explore_candidates`) than the engine's tuning grid; `--asm` writes
 w12_asm.json: per compiled W12 kernel, what its TTGIR/PTX hold (async copies, register to
-shared stores, wgmma/mma counts, registers, spills).
+shared stores, wgmma/mma counts, registers, spills); `--shipped` times the shipped
+table's W12 pick (what the engine runs) instead of tuning; `--pdl` launches our kernels
+with programmatic dependent launch, as the engine does. Last, issue 7's targets scored
+on this run (`w12_targets.py`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.stream_read import read_us
+from benchmarks.w12_targets import print_score, score
+from specpilot.kernels import pdl
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.gemv_bf16 import bf16_matmul
 from specpilot.kernels.tuning import (
@@ -263,8 +269,12 @@ def bf16_configs(table: TunedTable, n: int, k: int, b: int, full: bool) -> list[
     return [hit]
 
 
-def bench_shape(name, batches, quick, log, deadline, shipped=None,
-                full_bf16=False, explore=False, variant_mask=0) -> tuple[list[dict], list, dict]:
+def bench_shape(name: str, batches: tuple[int, ...], log, deadline: float, shipped: TunedTable,
+                opts: argparse.Namespace) -> tuple[list[dict], list, dict]:
+    """One shape at each batch: cuBLAS, our Triton bf16 kernel (the shipped table's pick, or
+    its grid with --full-bf16) and W12 (the grid, or the shipped pick with --shipped), with
+    PDL for our kernels with --pdl (as the engine launches them: each call's prologue
+    overlaps the tail of the call before it in the graph; cuBLAS launches as usual)."""
     n, k = ALL_SHAPES[name]
     w, packed, w_12 = w12_copies(name, seed=sum(map(ord, name)))
     exact = torch.equal(w12_unpack(packed).view(torch.int16), w.view(torch.int16))
@@ -279,15 +289,19 @@ def bench_shape(name, batches, quick, log, deadline, shipped=None,
     rows, records = [], []
     for b in batches:
         probs = make_problems(n, k, b, w_bf16, w_12)
-        cfgs = (explore_candidates if explore else w12_candidates)(bucket(b))
-        if variant_mask:
-            cfgs = [c for c in cfgs if c.variant & variant_mask]
-        tcfgs = bf16_configs(shipped or TunedTable(device="none"), n, k, b, full_bf16)
-        if quick or time.time() > deadline:
+        cfgs = (explore_candidates if opts.explore else w12_candidates)(bucket(b))
+        if opts.variant_mask:
+            cfgs = [c for c in cfgs if c.variant & opts.variant_mask]
+        hit = shipped.lookup("w12", n, k, b) if opts.shipped else None
+        if hit:  # what the engine runs, not the tuner's pick of this run
+            cfgs = [hit]
+        tcfgs = bf16_configs(shipped, n, k, b, opts.full_bf16)
+        if opts.quick or time.time() > deadline:
             cfgs, tcfgs = cfgs[:2], tcfgs[:1]
         res = {"cublas": tune((n, k), b, [KernelConfig()], graph_timer, problem=probs["cublas"])}
-        res["bf16"] = tune((n, k), b, tcfgs, graph_timer, problem=probs["bf16"])
-        res["w12"] = tune((n, k), b, cfgs, graph_timer, problem=probs["w12"])
+        with pdl.scope(opts.pdl):
+            res["bf16"] = tune((n, k), b, tcfgs, graph_timer, problem=probs["bf16"])
+            res["w12"] = tune((n, k), b, cfgs, graph_timer, problem=probs["w12"])
         for recs in res.values():
             records.extend(recs)
             for r in recs:
@@ -393,6 +407,12 @@ def main() -> None:
     ap.add_argument("--variant-mask", type=int, default=0,
                     help="time only the W12 configs whose variant has one of these bits "
                          "(64: the Gluon register kernel, 128: the TMA + wgmma kernel)")
+    ap.add_argument("--shipped", action="store_true",
+                    help="time the shipped table's W12 pick of each (shape, batch) instead of "
+                         "tuning the grid (the grid where the table has none)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="launch our kernels with programmatic dependent launch, as the "
+                         "engine does (cuBLAS as usual)")
     ap.add_argument("--asm", action="store_true", help="write w12_asm.json (see above)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="past 75%% of this, tune only 2 configs; past it, skip the step")
@@ -412,7 +432,8 @@ def main() -> None:
     import triton
 
     res = {"device": dev, "torch": torch.__version__, "triton": triton.__version__,
-           "date": time.strftime("%Y-%m-%d"), "all_patterns_exact": check_all_patterns(),
+           "date": time.strftime("%Y-%m-%d"), "shipped_w12": args.shipped, "pdl": args.pdl,
+           "all_patterns_exact": check_all_patterns(),
            "asm_equals_plain": check_asm_matches_plain()}
     print(json.dumps(res), flush=True)
     names = args.shapes.split(",")[: 2 if args.quick else None]
@@ -420,8 +441,8 @@ def main() -> None:
     shipped = load_table(dev)
     batches = tuple(int(b) for b in args.batches.split(","))
     for name in names:
-        r, recs, info = bench_shape(name, batches, args.quick, log, t0 + 0.75 * args.budget_s,
-                                    shipped, args.full_bf16, args.explore, args.variant_mask)
+        r, recs, info = bench_shape(name, batches, log, t0 + 0.75 * args.budget_s, shipped,
+                                    args)
         rows += r
         infos.append(info)
         for rec in recs:
@@ -447,7 +468,9 @@ def main() -> None:
 def print_table(res: dict) -> None:
     print(f"\n{res['device']}  torch {res['torch']}  triton {res['triton']}  {res['date']}  "
           f"all 65536 patterns exact: {res['all_patterns_exact']}  "
-          f"PTX decode == plain decode: {res.get('asm_equals_plain')}")
+          f"PTX decode == plain decode: {res.get('asm_equals_plain')}  "
+          f"W12 {'shipped picks' if res.get('shipped_w12') else 'tuned'}, "
+          f"PDL {'on' if res.get('pdl') else 'off'}")
     for s in res["shapes"]:
         print(f"  {s['shape']}: {s['bits_per_weight']:.3f} bits/w, escapes "
               f"{s['escape_rate']:.1e}, unpack exact {s['unpack_exact']}, {s['rotations']} copies"
@@ -471,6 +494,8 @@ def print_table(res: dict) -> None:
         v = [r["vs_best_bf16"] for r in res["rows"] if r["batch"] == b and "vs_best_bf16" in r]
         if v:
             print(f"batch {b:2}: W12 vs best bf16 min {min(v):.3f} max {max(v):.3f}")
+    print()
+    print_score(score(res))  # issue 7's targets (w12_targets.py)
     st = res.get("decode_step_8B_b1")
     if st:
         print("8B weights-only decode step, batch 1:", json.dumps(st))
