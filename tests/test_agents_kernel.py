@@ -127,6 +127,23 @@ def test_tunes_the_worst_shapes_rejects_a_wrong_config_and_proposes_the_table(qw
     assert spec.hash != EngineSpec("t", "k", knobs, {}).hash
 
 
+@pytest.mark.parametrize("on", [True, False])
+def test_kernels_are_timed_with_the_best_engines_pdl_knob(qwen3_dir, on):
+    """The engine launches its Triton kernels with PDL when its `pdl` knob is on: the
+    tuner times them so (the scope the launchers read), and only then."""
+    from specpilot.kernels import pdl
+
+    fake = FakeKernels()
+    seen = []
+    timer = fake.timer
+    fake.timer = lambda fn, rotations: (seen.append(pdl._ON[0]), timer(fn, rotations))[1]
+    knobs = Knobs(drafter="ngram", k=3, pdl=on).to_dict()
+    _, notes = agent(qwen3_dir, fake).tune_and_propose(ctx(best_knobs=knobs))
+    assert seen and set(seen) == {on}
+    assert notes[0]["pdl"] is on
+    assert pdl._ON[0] is False  # the scope ends with the tuning
+
+
 def test_no_candidate_when_w12_does_not_win(qwen3_dir):
     cands, notes = agent(qwen3_dir, FakeKernels(w12_factor=1.5)).tune_and_propose(ctx())
     assert cands == [] and "not faster" in notes[0]["note"]

@@ -8,7 +8,12 @@ rows a step puts through them (batch x (k + 1) for a verify step), it
    ((measured - bound) x layers);
 2. autotunes the Triton W12 and bf16 kernels on the `top` worst shapes with
    `kernels.tuning.tune` (block sizes, warps, stages, split-K; every config checked
-   against an fp32 reference on fresh inputs, a wrong one recorded and never used);
+   against an fp32 reference on fresh inputs, a wrong one recorded and never used),
+   launched as the engine will launch them: with programmatic dependent launch when the
+   best engine's `pdl` knob is on, so that each call's prologue overlaps the tail of the
+   call before it in the timed graph, as a layer's does in a step (cuBLAS cannot, in the
+   step or here; the isolated and the chained times: docs/BENCHMARKS.md, nineteenth W12
+   run);
 3. proposes one candidate: the device's tuned table (`specpilot/kernels/tuned/<device>.json`,
    which the engine's W12 layers load) carrying the new configs, with the `weights = "w12"`
    switch when W12 beats the best bf16 kernel on a tuned shape.
@@ -179,7 +184,7 @@ class KernelAgent:
         """The work behind `propose`, without the device check (tests call it on CPU)."""
         from ..costmodel.hardware import get_hardware
         from ..costmodel.spec import load_spec
-        from ..kernels import tuning
+        from ..kernels import pdl, tuning
         from ..runtime.knobs import Knobs
 
         dev = self.device_name or _cuda_name()
@@ -189,11 +194,12 @@ class KernelAgent:
         shapes = linear_shapes(spec, hw, list(ctx.batch_sizes), knobs.k_for)
         path = f"{TUNED_DIR}{tuning.device_slug(dev)}.json"
         table = base_table(ctx, path, dev)
-        rep = tune_kernels(shapes, self.timer or tuning.graph_timer,
-                           self.make_problems or _gpu_problems,
-                           self.configs_for or search_grid, table, self.top,
-                           bound_tbps=hw.bound_bw / 1e12)
-        note = {"agent": self.name, "device": dev, **rep.note()}
+        with pdl.scope(knobs.pdl):  # our kernels timed as the engine will launch them
+            rep = tune_kernels(shapes, self.timer or tuning.graph_timer,
+                               self.make_problems or _gpu_problems,
+                               self.configs_for or search_grid, table, self.top,
+                               bound_tbps=hw.bound_bw / 1e12)
+        note = {"agent": self.name, "device": dev, "pdl": knobs.pdl, **rep.note()}
         wins = {k: g for k, g in rep.gains.items() if g >= MIN_GAIN}
         w12_on = ctx.best_knobs.get("weights") == "w12"
         if not wins and not w12_on:
