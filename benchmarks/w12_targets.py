@@ -8,11 +8,12 @@ batch 32, and a geometric mean of at least 1.4x over cuBLAS at batch 1.
 
 W12 reads 3/4 of the bf16 bytes, so no W12 kernel can be more than 4/3 faster than a bf16
 kernel that streams as efficiently. Each row also says what a target asks of the kernel in
-those terms: the W12 time it needs, as a share of a plain read of the W12 bytes (a
-16-byte, evict-first Triton reduction over the same number of bytes, launch and tail
-included: `stream_read.py`), next to the share the shipped pick reaches. A target that
-asks for more than the bf16 kernel itself gets of its own plain read asks the W12 kernel,
-which also decodes and corrects escapes, to stream better than the best bf16 kernel does.
+those terms: the speed the target needs, as a share of the speed of a plain read of the
+W12 bytes (a 16-byte, evict-first Triton reduction over as many bytes, launch and tail
+included: `stream_read.py`), next to the share the shipped pick reaches and the share the
+best bf16 kernel reaches of a plain read of its own bytes. Where the first and the last
+are close, the target asks the W12 kernel, which also decodes and corrects escapes, to
+stream its bytes as efficiently as the best bf16 kernel streams its own.
 """
 
 from __future__ import annotations
