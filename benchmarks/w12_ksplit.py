@@ -7,11 +7,12 @@ Why: at batch 4-8 the shipped picks of the under-filled shapes are one-warp prog
 weight rows: qkv 32B-class runs 640 of them (5 warps an SM, one split) at 75-78% of a plain
 read where 1.25x the best bf16 kernel needs 86-87% (docs/BENCHMARKS.md, nineteenth run);
 splitting K over programs (split-K) adds warps but also the partials' round trips through
-global memory at the end. Here KS warps of one program each take 1/KS of the tile's K
-range (a [KS, 16, SW] word tile, warps along the first dimension), and their accumulators
+global memory at the end. Here KS warps of one program each take every KS-th step of the
+tile's K range (a [KS, 16, SW] word tile, warps along the first dimension), and their accumulators
 are summed by the compiler through shared memory (`gl.sum` over that dimension) before the
 shipped kernel's epilogue (row scale, escapes, split-K across programs). Same decode, same
-step, same operand layouts; only the work split differs. Every config is checked against the
+step, same operand layouts; only the work split differs. Measured slower than the shipped
+picks everywhere (docs/BENCHMARKS.md, nineteenth run). Every config is checked against the
 fp32 reference on fresh inputs with a NaN-poisoned output before it is timed (CUDA graph,
 weights rotated past the L2, as `w12_bench.py`); scratch: not in the engine's grid.
 """
