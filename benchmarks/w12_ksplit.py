@@ -95,8 +95,8 @@ def w12_ks_kernel(
     # x^T slices [KS, SW, BM]: x row m (rows past M read row M - 1), column (start) + j
     sx = gl.arange(0, KS, layout=gl.SliceLayout(1, gl.SliceLayout(2, op_x))) * SW
     jx = gl.arange(0, SW, layout=gl.SliceLayout(0, gl.SliceLayout(2, op_x)))
-    mx = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, gl.SliceLayout(1, op_x))),
-                    M - 1)
+    mx = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, gl.SliceLayout(1, op_x)))
+    mx = gl.minimum(mx, M - 1)
     sx3 = gl.expand_dims(gl.expand_dims(sx, 1), 2)
     x_off = gl.expand_dims(gl.expand_dims(mx, 0), 1) * stride_xm + \
         gl.expand_dims(gl.expand_dims(jx, 0), 2) + sx3 + 7 * (sx3 // GW) * GW
