@@ -487,9 +487,6 @@ def print_table(res: dict) -> None:
               f"{100 * r.get('w12_vs_read', 0):5.0f} "
               f"{r.get('vs_best_bf16', 0):6.3f} {r.get('vs_cublas', 0):6.3f} "
               f"{r['n_failed_configs']:>3}  {r['w12_cfg']}")
-    b1 = [r["vs_cublas"] for r in res["rows"] if r["batch"] == 1 and "vs_cublas" in r]
-    if b1:
-        print(f"geomean W12 vs cuBLAS at batch 1: {math.exp(sum(map(math.log, b1)) / len(b1)):.3f}")
     for b in BATCHES:
         v = [r["vs_best_bf16"] for r in res["rows"] if r["batch"] == b and "vs_best_bf16" in r]
         if v:

@@ -36,10 +36,14 @@ class W12Times:
 
     def __init__(self, entries: dict[str, dict]):
         self.us: dict[tuple[str, int, int, int], float] = {}
+        self.w12_shapes: dict[int, list[tuple[int, int]]] = {}  # bucket -> shapes W12 measured
         for key, v in entries.items():  # "kernel:NxK:bB" -> {"median_us": ..., ...}
             kernel, shape, b = key.split(":")
             n, k = map(int, shape.split("x"))
-            self.us[(kernel, n, k, int(b.removeprefix("b")))] = float(v["median_us"])
+            bucket = int(b.removeprefix("b"))
+            self.us[(kernel, n, k, bucket)] = float(v["median_us"])
+            if kernel == "w12":
+                self.w12_shapes.setdefault(bucket, []).append((n, k))
 
     @classmethod
     def load(cls, slug: str) -> W12Times | None:
@@ -51,12 +55,11 @@ class W12Times:
                 return _read(str(path), path.stat().st_mtime_ns)
         return None
 
-
     def _shape(self, n: int, k: int, b: int) -> tuple[int, int] | None:
         """(N, K) measured for W12 at bucket b: (n, k) itself, else the nearest by
         |ln(n / N)| + |ln(k / K)| as its stand-in (the engine runs an untuned shape on the
         config of its nearest tuned shape of the same column-group width)."""
-        shapes = [(nn, kk) for kern, nn, kk, bb in self.us if kern == "w12" and bb == b]
+        shapes = self.w12_shapes.get(b, [])
         if (n, k) in shapes:
             return n, k
         return min(shapes, default=None,
