@@ -1,4 +1,4 @@
-"""What bounds the Gluon W12 register kernel at batch 16-32, on one GPU: the kernel with its
+"""What bounds the Gluon W12 register kernel at batch 4-32, on one GPU: the kernel with its
 memory traffic taken away part by part, down to a floor with none, and the GPU's own
 mma.sync rate to compare that floor with.
 
@@ -12,12 +12,14 @@ Probes (each in a fresh process, so that a patched helper is compiled fresh):
   w-row    the weight words given with row stride 0 (every weight row reads row 0): same
            loads and decode, the words come from L1/L2 instead of DRAM
   floor    no-x and w-row: decode and MMAs of every weight, next to no memory traffic
-Configs: 16 rows of x at batch 16 (1 and 3 splits), 32 rows in one program and two 16-row
-programs at batch 32 (3 and 2 splits); one warp, 16 weight rows, 256-column steps, depth 1
-(the grid's Gluon configs). The stand-ins give wrong products on purpose: only time is
-measured (the kernel as shipped is checked by w12_bench.py and the GPU tests). Timing as
-in w12_bench.py: CUDA graphs over weight copies rotated past the L2, medians; cuBLAS in the
-same process as the shipped probe. The compiled kernels' registers / spilled bytes are printed.
+Configs: 8 rows of x with x slices loaded a step ahead at batch 4 and 8 (one split: the
+batch 4-8 picks' form), 16 rows of x at batch 16 (1 and 3 splits), 32 rows in one program
+and two 16-row programs at batch 32 (3 and 2 splits); one warp, 16 weight rows, 256-column
+steps, depth 1 (the grid's Gluon configs). The stand-ins give wrong products on purpose:
+only time is measured (the kernel as shipped is checked by w12_bench.py and the GPU tests).
+Timing as in w12_bench.py: CUDA graphs over weight copies rotated past the L2, medians;
+cuBLAS in the same process as the shipped probe. The compiled kernels' registers / spilled
+bytes are printed.
 
 --mma: mma.sync m16n8k16 (bf16 in, fp32 accumulate) issued back to back from registers, one
 accumulator chain a warp, at 8 to 32 warps an SM: the tensor pipe's rate in SM cycles an MMA
@@ -32,7 +34,10 @@ import statistics
 import sys
 
 PROBES = ("shipped", "x-row", "no-x", "w-row", "floor")
-CONFIGS = ((16, 16, 1), (16, 16, 3), (32, 32, 3), (32, 16, 2))  # (batch, rows of x, splits)
+# (batch, rows of x, splits, x slices loaded a step ahead): the batch 4-8 picks' form, then
+# the batch 16-32 ones
+CONFIGS = ((4, 8, 1, True), (8, 8, 1, True), (16, 16, 1, False), (16, 16, 3, False),
+           (32, 32, 3, False), (32, 16, 2, False))
 CLOCK_HZ = 1.98e9
 
 
@@ -90,13 +95,13 @@ def child(probe: str, shape: str) -> dict:
 
     out = {"probe": probe, "shape": shape, "w12_bytes": p.nbytes, "us": {}, "cublas": {},
            "regs": {}}
-    for batch, bm, split in CONFIGS:
+    for batch, bm, split, xpre in CONFIGS:
         x = torch.randn(batch, k, device="cuda").to(torch.bfloat16)
         if probe == "x-row":
             x = x[:1].expand(batch, k)  # row stride 0, unit column stride: launched as is
         y = torch.empty(batch, n, device="cuda", dtype=torch.bfloat16)
-        t = graph_timer(lambda x=x, y=y, bm=bm, s=split: w12_gluon.w12_gluon_matmul(
-            x, nxt(ws), y, bm, 16, 256, s, 1, 1), rot)
+        t = graph_timer(lambda x=x, y=y, bm=bm, s=split, xp=xpre: w12_gluon.w12_gluon_matmul(
+            x, nxt(ws), y, bm, 16, 256, s, 1, 1, xp), rot)
         key = f"b{batch} m{bm} s{split}"
         out["us"][key] = statistics.median(t)
         out["regs"][key] = [handles[-1].n_regs, handles[-1].n_spills]
@@ -169,7 +174,7 @@ def main() -> None:
             row = run_child(__file__, ["--child", probe, shape], f"{shape} {probe}")
             if row:
                 rows.append(row)
-    keys = [f"b{b} m{m} s{s}" for b, m, s in CONFIGS]
+    keys = [f"b{b} m{m} s{s}" for b, m, s, _ in CONFIGS]
     print(f"\n{'shape':12} {'probe':8} " + " ".join(f"{c:>12}" for c in keys) + "  registers")
     for r in rows:
         if r["probe"] == "shipped":

@@ -166,9 +166,10 @@ def _configs(x, y, packed, ship, b: int) -> list[tuple[str, object]]:
     return out
 
 
-def bench_shape(name: str, batches: list[int], reps: int, table) -> list[dict]:
-    """Every config of `_configs` checked, then timed alternating `reps` times (so drift hits
-    every config alike); rows sorted fastest first per batch."""
+def bench_shape(name: str, batches: list[int], reps: int, table, configs=None) -> list[dict]:
+    """Every config of `configs` (default `_configs`: (label, call on a W12 weight) pairs,
+    the shipped pick first) checked, then timed alternating `reps` times (so drift hits every
+    config alike); rows sorted fastest first per batch."""
     from benchmarks.w12_bench import w12_copies
     from specpilot.kernels.tuning import graph_timer
 
@@ -186,7 +187,7 @@ def bench_shape(name: str, batches: list[int], reps: int, table) -> list[dict]:
         x = torch.randn(b, w.shape[1], device="cuda", generator=g).to(torch.bfloat16)
         y = torch.empty(b, w.shape[0], device="cuda", dtype=torch.bfloat16)
         ref = x.float() @ ref_w.T
-        cands = _configs(x, y, packed, table.lookup("w12", *w.shape, b), b)
+        cands = (configs or _configs)(x, y, packed, table.lookup("w12", *w.shape, b), b)
         times = {}
         for label, fn in cands:
             y.fill_(float("nan"))
