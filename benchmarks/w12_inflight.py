@@ -144,7 +144,8 @@ def w12_ring_kernel(
                    wn, GW)
         if not XRING:
             xn = _xs(x_ptr, x_off, gl.minimum(w_lo + s * SW + SW, wl), GW, jx2, K, True)
-        acc = _step(acc, (cw, a0, a1, xs), x_ptr, x_off, w, GW, jx2, K, True, True)
+        acc = _step(acc, (cw, a0, a1, xs), x_ptr, x_off, w_lo + s * SW, GW, jx2, K, True,
+                    True)
         if not XRING:
             xs = xn
     async_copy.wait_group(0)
@@ -162,9 +163,9 @@ def w12_rot_kernel(
 ):
     """The shipped kernel's tile with its loop not unrolled: one step an iteration, the
     words of the next two steps in registers rotating through three buffers (register
-    moves), the refill of step s + 3 issued at the end of step s, so it has two steps' time
-    to arrive (the shipped unrolled loop issues both refills of an iteration at its end);
-    with XPRE the next step's x slices too (two x buffers)."""
+    moves), the refill of step s + 3 issued with step s (ptxas puts it at the top of the
+    iteration), so it has three steps' time to arrive (the shipped unrolled loop issues both
+    refills of an iteration at its end); with XPRE the next step's x slices too."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, 1],
                                                   instr_shape=[16, 8])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=8)
