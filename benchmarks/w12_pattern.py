@@ -16,12 +16,15 @@ read there, in either layout; it is not the access pattern. The last rows read t
 words through `w12_inflight.py`'s per-thread cp.async ring (78-89%). Timing as in
 w12_bench.py (CUDA graphs over weight copies rotated past the L2, medians); the tiled reads
 address the same buffers in tile order (the values are not decoded, so their order does not
-matter). Scratch: nothing here is in the engine.
+matter). Rows also go to w12_pattern.json under $OUT (default: the current directory).
+Scratch: nothing here is in the engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 
 import torch
@@ -169,9 +172,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="qkv_32B,o_32B,down_8B")
     a = ap.parse_args()
+    rows = []
     for name in names_in(a.shapes, SHAPES, "shape"):
-        bench(name)
+        rows += bench(name)
         torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), "w12_pattern.json"), "w") as f:
+        json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -6,8 +6,8 @@ branch (B) instructions, everything else left out.
     PYTHONPATH=. python3 benchmarks/w12_sass.py [--shape qkv_32B] [--batch 8]
 
 Needs `cuobjdump` (the CUDA toolkit's, else Triton's bundled one). The kernel is compiled by
-one call of the pick on random inputs; its cubin is the newest in Triton's cache that holds
-the kernel's name.
+one call of the pick on random inputs into a fresh Triton cache directory, so the cubin read
+is that call's, never one cached earlier.
 """
 
 from __future__ import annotations
@@ -19,13 +19,14 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 import torch
 
 from benchmarks.w12_bench import ALL_SHAPES
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import load_table
-from specpilot.kernels.w12_triton import w12_matmul
+from specpilot.kernels.w12_triton import GLUON, w12_matmul
 
 CLASSES = {"LDG": "L", "HMMA": "M", "LOP3": "p", "SHF": "p", "PRMT": "p", "BAR": "|",
            "STL": "S", "LDL": "R", "BRA": "B"}
@@ -56,17 +57,18 @@ def main() -> None:
     cfg = load_table(torch.cuda.get_device_name()).lookup("w12", n, k, a.batch)
     if cfg is None:
         raise SystemExit(f"the tuned table has no W12 entry for {a.shape} at batch {a.batch}")
+    cache = tempfile.mkdtemp(prefix="w12_sass_")
+    os.environ["TRITON_CACHE_DIR"] = cache  # read by Triton at each compile
     w = fmt.pack(torch.randn(n, k, device="cuda").to(torch.bfloat16))
     w12_matmul(torch.randn(a.batch, k, device="cuda").to(torch.bfloat16), w, cfg)
     torch.cuda.synchronize()
-    name = "w12_gluon" if cfg.variant & 64 else "w12_linear"
-    cache = os.environ.get("TRITON_CACHE_DIR", os.path.expanduser("~/.triton/cache"))
-    cubins = sorted(glob.glob(f"{cache}/*/{name}*.cubin"), key=os.path.getmtime)
-    if not cubins:
-        raise SystemExit(f"no {name} cubin under {cache}: was the kernel compiled here?")
-    sass = subprocess.run([cuobjdump(), "-sass", cubins[-1]], capture_output=True, text=True,
+    name = "w12_gluon" if cfg.variant & GLUON else "w12_linear"
+    cubins = glob.glob(f"{cache}/*/{name}*.cubin")
+    if len(cubins) != 1:
+        raise SystemExit(f"expected one {name} cubin under {cache}, found {len(cubins)}")
+    sass = subprocess.run([cuobjdump(), "-sass", cubins[0]], capture_output=True, text=True,
                           check=True).stdout
-    print(f"{a.shape} batch {a.batch}: {cfg.label} ({os.path.basename(cubins[-1])})")
+    print(f"{a.shape} batch {a.batch}: {cfg.label} ({os.path.basename(cubins[0])})")
     print(runs(sass))
 
 
