@@ -32,8 +32,6 @@ in the engine's grid.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 import triton
@@ -269,8 +267,7 @@ CONFIGS = {"ring": _ring_configs, "rot": _rot_configs, "sk": _sk_configs}
 
 def main() -> None:
     from benchmarks.w12_bench import SHAPES
-    from benchmarks.w12_ksplit import bench_shape
-    from specpilot.kernels.tuning import load_table
+    from benchmarks.w12_ksplit import run_shapes
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -280,15 +277,8 @@ def main() -> None:
                     help="ring: the cp.async ring kernel; rot: the rotating register buffers; "
                          "sk: the shipped kernel's stream-K launch, x prefetched or not")
     args = ap.parse_args()
-    table = load_table(torch.cuda.get_device_name())
-    rows = []
-    for name in args.shapes.split(","):
-        rows += bench_shape(name, [int(b) for b in args.batches.split(",")], args.reps, table,
-                            CONFIGS[args.kind])
-        torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), f"w12_inflight_{args.kind}.json"),
-              "w") as f:
-        json.dump(rows, f, indent=1)
+    run_shapes(args.shapes, args.batches, args.reps, CONFIGS[args.kind],
+               f"w12_inflight_{args.kind}.json")
 
 
 if __name__ == "__main__":

@@ -213,22 +213,29 @@ def bench_shape(name: str, batches: list[int], reps: int, table, configs=None) -
     return rows
 
 
+def run_shapes(shapes: str, batches: str, reps: int, configs, out_name: str) -> None:
+    """`bench_shape` with `configs` on each of the comma-separated shapes and batches, the
+    shipped table's picks first; all rows to $OUT/out_name."""
+    from specpilot.kernels.tuning import load_table
+
+    table = load_table(torch.cuda.get_device_name())
+    rows = []
+    for name in shapes.split(","):
+        rows += bench_shape(name, [int(b) for b in batches.split(",")], reps, table, configs)
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "."), out_name), "w") as f:
+        json.dump(rows, f, indent=1)
+
+
 def main() -> None:
     from benchmarks.w12_bench import SHAPES
-    from specpilot.kernels.tuning import load_table
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="2,4,8,16")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
     args = ap.parse_args()
-    table = load_table(torch.cuda.get_device_name())
-    rows = []
-    for name in args.shapes.split(","):
-        rows += bench_shape(name, [int(b) for b in args.batches.split(",")], args.reps, table)
-        torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "."), "w12_ksplit.json"), "w") as f:
-        json.dump(rows, f, indent=1)
+    run_shapes(args.shapes, args.batches, args.reps, _configs, "w12_ksplit.json")
 
 
 if __name__ == "__main__":

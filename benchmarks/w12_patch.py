@@ -1,0 +1,225 @@
+"""Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`), each
+timed against the shipped pick of every (shape, batch) whose pick is that kernel.
+
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu] [--shapes ...]
+        [--batches 4,8,16] [--variants ...]
+
+Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
+own module, launched with the pick's config; every variant is checked against the fp32
+reference with a NaN-poisoned output, then A/B-timed against the shipped pick
+(`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
+w12_patch_<kind>.json under $OUT.
+
+--kind hint: the size of the DRAM fetches behind the word loads. At batch 4-8 the picks'
+words alone stream at 94-95% of a plain read, but with the math the kernel gets 62.7% of
+DRAM peak where cuBLAS gets 77% (`w12_ncu.py`). A warp reads 16 rows x 128 bytes of each
+plane a step, rows 2.5-12 KB apart; a load's `.L2::128B` / `.L2::256B` qualifier asks the
+L2 to fetch that much around each miss, so the row's next step comes with this one at no
+extra instruction (the seventh run's `prefetch.global.L2` instructions cost instructions and
+were slower). The unmasked word loads become one inline-PTX 16-byte load each,
+`ld.global.<variant>.v4.b32`:
+  ef      .L1::evict_first (the shipped L1 policy without the L2 evict-first policy: the
+          control)
+  ef128   .L1::evict_first.L2::128B
+  ef256   .L1::evict_first.L2::256B
+  nc256   .nc.L1::no_allocate.L2::256B (the read-only path)
+(the shipped loads are `ld.global.L1::evict_first.L2::cache_hint`, an L2 evict-first policy).
+
+--kind alu: what the decode's integer work costs. The compiled batch 4-8 kernel holds 11.3
+PRMT, 2.2 LOP3 and 1.1 SHF per MMA: the decode takes 7 for the 8 weights of a word, the rest
+pair weights of adjacent words into the MMA's bf16x2 registers. A word format whose decode wrote those pairs would
+save the repacking; before building one, this measures the time of more such work: each
+decoded register XORed with (and for alu8 also added to) a zero the compiler cannot see
+(K >> 30): `alu4` / `alu8` add 4 / 8 ops per MMA. Products stay exact.
+
+--kind x32: x slices carried as int32 pairs. Triton holds a bf16 tensor as 16-bit scalars,
+so the x slices that XPRE carries across the loop's back edge (and the words' decoded
+halves) reach ptxas as 16-bit registers, and it re-pairs the x halves into the MMA's
+bf16x2 B registers with PRMTs: of the loop's 10.6 PRMT an MMA, about 2.6. Here x loads
+through an int32 view ([SW / 2, BM] tiles, 16 bytes a thread as before) and each slice
+becomes the B operand right before its MMA (an asm split into halves, a join and a
+reshape whose layout equals the operand's, so no data moves): the loop holds 8.0 PRMT an
+MMA (the decode's 4 and the weight pairing's 4). 8 rows of x and an even K only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import tempfile
+
+HINTS = {
+    "ef": "L1::evict_first",
+    "ef128": "L1::evict_first.L2::128B",
+    "ef256": "L1::evict_first.L2::256B",
+    "nc256": "nc.L1::no_allocate.L2::256B",
+}
+X32 = ("x32",)
+# the unmasked word loads of w12_gluon._words, each replaced by a hinted one
+_LOADS = ('gl.load(c_ptr + c_off + w, eviction_policy="evict_first")',
+          'gl.load(a_ptr + a_off + wa, eviction_policy="evict_first")',
+          'gl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first")')
+_LDH = '''
+
+@gluon.jit
+def _ldh(p):
+    """int32 words at pointers p, 16 bytes (4 of a thread's consecutive words) a load."""
+    return gl.inline_asm_elementwise(
+        asm="ld.global.{hint}.v4.b32 {{$0, $1, $2, $3}}, [$4];",
+        constraints="=r,=r,=r,=r,l,l,l,l", args=[p.to(gl.int64, bitcast=True)],
+        dtype=gl.int32, is_pure=False, pack=4)
+'''
+ALU = {"alu4": 1, "alu8": 2}  # XOR rounds over the 4 decoded registers of a word
+_DECODE_CALL = "_decode(buf[0], buf[1], buf[2])"
+_DECODE_ALU = '''
+
+@gluon.jit
+def _decode_alu(c, a0, a1, K):
+    """`_decode`'s 8 weights, each decoded register put through {rounds} more op(s) with
+    K >> 30 (zero for every K a weight has, unknown to the compiler)."""
+    z = gl.full(c.shape, 0, gl.int32, c.type.layout) + (K >> 30)
+    b0, b1, b2, b3, b4, b5, b6, b7 = gl.inline_asm_elementwise(
+        asm=_ALU_ASM, constraints=_ALU_CONSTRAINTS,
+        args=[c, a0, a1, gl.full(c.shape, H_MASK4, gl.int32, c.type.layout),
+              gl.full(c.shape, H_CONST4, gl.int32, c.type.layout), z],
+        dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+    return (b0.to(gl.bfloat16, bitcast=True), b1.to(gl.bfloat16, bitcast=True),
+            b2.to(gl.bfloat16, bitcast=True), b3.to(gl.bfloat16, bitcast=True),
+            b4.to(gl.bfloat16, bitcast=True), b5.to(gl.bfloat16, bitcast=True),
+            b6.to(gl.bfloat16, bitcast=True), b7.to(gl.bfloat16, bitcast=True))
+
+
+_ALU_ASM = gl.constexpr({asm!r})
+_ALU_CONSTRAINTS = gl.constexpr({constraints!r})
+'''
+
+
+_X_OFFSETS = ('''    ja = gl.arange(0, SW, layout=gl.SliceLayout(1, op_x))
+    ma = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, op_x)), M - 1)
+    jx2 = gl.expand_dims(ja, 1)
+    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2''', '''    lx: gl.constexpr = gl.BlockedLayout([4, 1], [4, 8], [1, WARPS], [0, 1])
+    ja = gl.arange(0, SW // 2, layout=gl.SliceLayout(1, lx))
+    ma = gl.minimum(pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(0, lx)), M - 1)
+    jx2 = gl.expand_dims(ja, 1)
+    x_off = gl.expand_dims(ma, 0) * (stride_xm // 2) + jx2''')
+_X_LOAD = ('''    if EVEN:
+        return gl.load(x_ptr + x_off + col, eviction_policy="evict_last")
+    else:
+        return gl.load(x_ptr + x_off + col, mask=col + jx2 < K, other=0.0,
+                       eviction_policy="evict_last")''', '''    x32 = x_ptr.to(gl.pointer_type(gl.int32), bitcast=True)
+    if EVEN:
+        return gl.load(x32 + x_off + (col >> 1), eviction_policy="evict_last")
+    else:  # K is even on every benchmark shape
+        return gl.load(x32 + x_off + (col >> 1), mask=(col >> 1) + jx2 < (K >> 1), other=0,
+                       eviction_policy="evict_last")''')
+_XB = '''
+
+@gluon.jit
+def _xb(t, acc):
+    """int32 x^T pairs [SW / 2, BM] -> the bf16 B operand [SW, BM] of acc's MMA (element k
+    is half k % 2 of pair k // 2: the column order of the bf16 slice)."""
+    lo, hi = gl.inline_asm_elementwise(asm="mov.b32 {$0, $1}, $2;", constraints="=h,=h,r",
+                                       args=[t], dtype=(gl.int16, gl.int16), is_pure=True,
+                                       pack=1)
+    v = gl.join(lo.to(gl.bfloat16, bitcast=True), hi.to(gl.bfloat16, bitcast=True))
+    v = gl.reshape(gl.permute(v, (0, 2, 1)), (2 * t.shape[0], t.shape[1]))
+    return gl.convert_layout(v, gl.DotOperandLayout(operand_index=1, parent=acc.type.layout,
+                                                    k_width=8))
+'''
+
+
+def _alu_asm(rounds: int) -> str:
+    """The shipped decode asm with each of p0..p3 XORed with $13 (and, with 2 rounds, $13
+    added to it) before the results are moved out."""
+    from specpilot.kernels.w12_triton import DECODE_BF16_ASM
+
+    asm = DECODE_BF16_ASM.value
+    at = asm.index("mov.b32 {$0, $1}")
+    ops = ("xor.b32", "add.u32")[:rounds]  # not two XORs: ptxas folds them into one LOP3
+    extra = "".join(f"{op} p{i}, p{i}, $13;\n    " for op in ops for i in range(4))
+    return asm[:at] + extra + asm[at:]
+
+
+def _replace(src: str, old: str, new: str) -> str:
+    if src.count(old) != 1:
+        raise SystemExit(f"w12_gluon.py no longer has {old!r} once: update w12_patch.py")
+    return src.replace(old, new)
+
+
+def patched_module(kind: str, variant: str):
+    """A copy of `specpilot.kernels.w12_gluon` patched for `variant` of `kind`."""
+    import specpilot.kernels.w12_gluon as shipped
+    from specpilot.kernels.w12_triton import DECODE_BF16_CONSTRAINTS
+
+    with open(shipped.__file__) as f:
+        src = f.read()
+    if kind == "hint":
+        for load in _LOADS:
+            src = _replace(src, load, "_ldh(" + load[len("gl.load("):load.index(",")] + ")")
+        src += _LDH.format(hint=HINTS[variant])
+    elif kind == "x32":
+        src = _replace(_replace(src, *_X_OFFSETS), *_X_LOAD)
+        for i in range(8):
+            src = _replace(src, f"acc = mma_v2(w{i}, xs[{i}], acc)",
+                           f"acc = mma_v2(w{i}, _xb(xs[{i}], acc), acc)")
+        src += _XB
+    else:
+        src = _replace(src, _DECODE_CALL, "_decode_alu(buf[0], buf[1], buf[2], K)")
+        src += _DECODE_ALU.format(rounds=ALU[variant], asm=_alu_asm(ALU[variant]),
+                                  constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
+    path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), f"w12_gluon_{variant}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    name = f"specpilot.kernels.w12_gluon_{variant}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _configs(mods: dict, bm8: bool):
+    """(x, y, packed, ship, b) -> the shipped pick, then the pick launched from each patched
+    module (nothing more where the pick is not the Gluon register kernel, or with bm8 does
+    not take 8 rows of x)."""
+    from specpilot.kernels.w12_triton import GLUON, SK, WGMMA, XPRE, w12_matmul
+
+    def configs(x, y, packed, ship, b):
+        out = [("shipped " + ship.label, lambda p: w12_matmul(x, p, ship, out=y))]
+        if not ship.dot or not ship.variant & GLUON or ship.variant & WGMMA or \
+                (bm8 and ship.bm != 8):
+            return out
+        for variant, mod in mods.items():
+            run = mod.w12_gluon_sk_matmul if ship.variant & SK else mod.w12_gluon_matmul
+            out.append((variant, lambda p, run=run: run(
+                x, p, y, ship.bm, ship.bn, ship.bk, ship.split_k, ship.warps, ship.stages,
+                bool(ship.variant & XPRE))))
+        return out
+
+    return configs
+
+
+def main() -> None:
+    from benchmarks.w12_bench import SHAPES
+    from benchmarks.w12_ksplit import run_shapes
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kind", choices=("hint", "alu", "x32"), default="hint")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--batches", default="4,8,16")
+    ap.add_argument("--variants", default="", help="default: every variant of the kind")
+    ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
+    args = ap.parse_args()
+    known = {"hint": HINTS, "alu": ALU, "x32": X32}[args.kind]
+    variants = args.variants.split(",") if args.variants else list(known)
+    bad = [v for v in variants if v not in known]
+    if bad:
+        raise SystemExit(f"unknown {args.kind} variant(s) {','.join(bad)}: choose from "
+                         f"{','.join(known)}")
+    mods = {v: patched_module(args.kind, v) for v in variants}
+    run_shapes(args.shapes, args.batches, args.reps, _configs(mods, args.kind == "x32"),
+               f"w12_patch_{args.kind}.json")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""The patched kernel copies behind the twenty-first W12 run (`benchmarks/w12_patch.py`):
+each kind's patch applies to today's `w12_gluon.py`, and compiled for sm_90 (no GPU needed)
+each copy holds what the run's table says it does."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+
+import pytest
+
+pytest.importorskip("triton")
+
+from benchmarks.w12_patch import _alu_asm, patched_module
+from specpilot.kernels import w12_gluon
+from tests.test_kernels_sm90 import POINTERS, TARGET
+
+# the batch 4-8 picks' form: one warp, 16 weight rows, 8 rows of x a step ahead, 32-word steps
+CONSTS = {"BM": 8, "BN": 16, "SW": 32, "GW": 64, "SPLIT_K": 1, "EVEN": True, "ECH": 8,
+          "WARPS": 1, "DEPTH": 1, "XPRE": True, "ESC_EARLY": True, "PDL": False}
+ALIGNED = ("K", "KW", "stride_a", "stride_c", "stride_xm", "stride_ym", "K_PER")
+
+
+def _compile(kernel):
+    """(PTX, cubin) of the kernel for sm_90, pointers and strides 16-byte aligned as on the
+    benchmark's shapes (so the loads vectorize as they do there)."""
+    import triton
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    sig = {a: "constexpr" if a in CONSTS else POINTERS.get(a, "i32") for a in names}
+    attrs = {(names.index(a),): [["tt.divisibility", 16]] for a in names
+             if a.endswith("_ptr") or a in ALIGNED}
+    k = triton.compile(GluonASTSource(fn=kernel, signature=sig, constexprs=CONSTS, attrs=attrs),
+                       target=TARGET, options={"num_warps": 1, "num_stages": 1})
+    return k.asm["ptx"], k.asm["cubin"]
+
+
+def _sass_ops(cubin: bytes, tmp_path) -> list[str]:
+    import triton
+
+    path = tmp_path / "k.cubin"
+    path.write_bytes(cubin)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    sass = subprocess.run([tool, "-sass", str(path)], capture_output=True, text=True,
+                          check=True).stdout
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9]+)", sass)
+
+
+def test_alu_variants_add_one_op_per_decoded_register_and_round():
+    one, two = _alu_asm(1), _alu_asm(2)
+    assert one.count("xor.b32") == 4 and "add.u32" not in one
+    assert two.count("xor.b32") == 4 and two.count("add.u32") == 4
+    assert one.index("xor.b32") < one.index("mov.b32 {$0, $1}")  # before the results leave
+
+
+def test_hint_copy_issues_every_word_load_with_the_hint():
+    shipped, _ = _compile(w12_gluon.w12_gluon_kernel)
+    hinted, _ = _compile(patched_module("hint", "ef256").w12_gluon_kernel)
+    words = shipped.count("ld.global.L1::evict_first.L2::cache_hint.v4.b32")
+    assert words > 0
+    assert hinted.count("ld.global.L1::evict_first.L2::256B.v4.b32") == words
+    assert "ld.global.L1::evict_first.L2::cache_hint.v4.b32" not in hinted
+
+
+def test_x32_copy_pairs_x_without_prmts_or_shared_memory(tmp_path):
+    shipped_ptx, shipped_cubin = _compile(w12_gluon.w12_gluon_kernel)
+    x32_ptx, x32_cubin = _compile(patched_module("x32", "x32").w12_gluon_kernel)
+    before, after = _sass_ops(shipped_cubin, tmp_path), _sass_ops(x32_cubin, tmp_path)
+    assert after.count("HMMA") == before.count("HMMA") > 0
+    # the x slices' re-pairing is gone: 2.6 PRMT an MMA fewer in the run's build
+    assert after.count("PRMT") <= before.count("PRMT") - 2 * before.count("HMMA")
+    # the int32 slices become the B operand in registers (the layout conversion moves no data)
+    assert "st.shared" not in x32_ptx and "st.shared" not in shipped_ptx
