@@ -1,14 +1,15 @@
 """Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`), each
 timed against the shipped pick of every (shape, batch) whose pick is that kernel.
 
-    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu] [--shapes ...]
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32] [--shapes ...]
         [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
 own module, launched with the pick's config; every variant is checked against the fp32
 reference with a NaN-poisoned output, then A/B-timed against the shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
-w12_patch_<kind>.json under $OUT.
+w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first W12 run;
+none of the variants is in the engine.
 
 --kind hint: the size of the DRAM fetches behind the word loads. At batch 4-8 the picks'
 words alone stream at 94-95% of a plain read, but with the math the kernel gets 62.7% of
@@ -26,20 +27,21 @@ were slower). The unmasked word loads become one inline-PTX 16-byte load each,
 (the shipped loads are `ld.global.L1::evict_first.L2::cache_hint`, an L2 evict-first policy).
 
 --kind alu: what the decode's integer work costs. The compiled batch 4-8 kernel holds 11.3
-PRMT, 2.2 LOP3 and 1.1 SHF per MMA: the decode takes 7 for the 8 weights of a word, the rest
-pair weights of adjacent words into the MMA's bf16x2 registers. A word format whose decode wrote those pairs would
-save the repacking; before building one, this measures the time of more such work: each
-decoded register XORed with (and for alu8 also added to) a zero the compiler cannot see
-(K >> 30): `alu4` / `alu8` add 4 / 8 ops per MMA. Products stay exact.
+PRMT, 2.2 LOP3 and 1.1 SHF an MMA (10.6 PRMT in its main loop): the decode takes 7 for the 8
+weights of a word; the rest pair the weights of adjacent words (4) and x's halves (2.6 in
+the loop, see x32) into the MMA's bf16x2 registers. A word format whose decode wrote those
+pairs would save the weights' pairing; before building one, this measures the time of more
+such work: each decoded register XORed with (and for alu8 also added to) a zero the compiler
+cannot see (K >> 30): `alu4` / `alu8` add 4 / 8 ops an MMA. Products stay exact.
 
 --kind x32: x slices carried as int32 pairs. Triton holds a bf16 tensor as 16-bit scalars,
-so the x slices that XPRE carries across the loop's back edge (and the words' decoded
-halves) reach ptxas as 16-bit registers, and it re-pairs the x halves into the MMA's
-bf16x2 B registers with PRMTs: of the loop's 10.6 PRMT an MMA, about 2.6. Here x loads
-through an int32 view ([SW / 2, BM] tiles, 16 bytes a thread as before) and each slice
-becomes the B operand right before its MMA (an asm split into halves, a join and a
-reshape whose layout equals the operand's, so no data moves): the loop holds 8.0 PRMT an
-MMA (the decode's 4 and the weight pairing's 4). 8 rows of x and an even K only.
+so the x slices that XPRE carries across the loop's back edge reach ptxas as 16-bit
+registers, and it re-pairs the halves into the MMA's bf16x2 B registers with PRMTs: of the
+loop's 10.6 PRMT an MMA, 2.6. Here x loads through an int32 view ([SW / 2, BM] tiles, 16
+bytes a thread as before) and each slice becomes the B operand right before its MMA (an asm
+split into halves, a join and a reshape whose layout equals the operand's, so no data
+moves): the loop holds 8.0 PRMT an MMA (the decode's 4 and the weight pairing's 4). 8 rows
+of x and an even K only.
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ _LDH = '''
 
 @gluon.jit
 def _ldh(p):
-    """int32 words at pointers p, 16 bytes (4 of a thread's consecutive words) a load."""
+    """int32 words at pointers p, 16 bytes a load from the first of each 4 of a thread's
+    consecutive words (contiguous and 16-byte aligned in the operand layout on aligned
+    shapes; the reference check would catch any other)."""
     return gl.inline_asm_elementwise(
         asm="ld.global.{hint}.v4.b32 {{$0, $1, $2, $3}}, [$4];",
         constraints="=r,=r,=r,=r,l,l,l,l", args=[p.to(gl.int64, bitcast=True)],
         dtype=gl.int32, is_pure=False, pack=4)
 '''
-ALU = {"alu4": 1, "alu8": 2}  # XOR rounds over the 4 decoded registers of a word
+ALU = {"alu4": 1, "alu8": 2}  # rounds of one op over the 4 decoded registers of a word
 _DECODE_CALL = "_decode(buf[0], buf[1], buf[2])"
 _DECODE_ALU = '''
 
