@@ -1,12 +1,13 @@
 """Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`), each
 timed against the shipped pick of every (shape, batch) whose pick is that kernel.
 
-    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32] [--shapes ...]
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs] [--shapes ...]
         [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
-own module, launched with the pick's config; every variant is checked against the fp32
-reference with a NaN-poisoned output, then A/B-timed against the shipped pick
+own module, launched with the pick's config; every variant (but the timing-only `pairs`) is
+checked against the fp32 reference with a NaN-poisoned output, then A/B-timed against the
+shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
 w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first W12 run;
 none of the variants is in the engine.
@@ -42,6 +43,12 @@ bytes a thread as before) and each slice becomes the B operand right before its 
 split into halves, a join and a reshape whose layout equals the operand's, so no data
 moves): the loop holds 8.0 PRMT an MMA (the decode's 4 and the weight pairing's 4). 8 rows
 of x and an even K only.
+
+--kind pairs: timing only, wrong products. What a word format whose decode writes the MMA's
+bf16x2 pairs could gain at most: `nopair` decodes two adjacent words a call and hands their
+8 decoded registers to the 8 tiles as they are (the same decode work, no re-pairing),
+`nopair_x32` does that on the x32 copy. The products are wrong on purpose; every element is
+still checked to be written (`bench_shape`'s timing_only).
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ HINTS = {
     "nc256": "nc.L1::no_allocate.L2::256B",
 }
 X32 = ("x32",)
+PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 # the unmasked word loads of w12_gluon._words, each replaced by a hinted one
 _LOADS = ('gl.load(c_ptr + c_off + w, eviction_policy="evict_first")',
           'gl.load(a_ptr + a_off + wa, eviction_policy="evict_first")',
@@ -76,27 +84,32 @@ def _ldh(p):
 '''
 ALU = {"alu4": 1, "alu8": 2}  # rounds of one op over the 4 decoded registers of a word
 _DECODE_CALL = "_decode(buf[0], buf[1], buf[2])"
-_DECODE_ALU = '''
+_DECODE_PATCHED = '''
 
 @gluon.jit
-def _decode_alu(c, a0, a1, K):
-    """`_decode`'s 8 weights, each decoded register put through {rounds} more op(s) with
-    K >> 30 (zero for every K a weight has, unknown to the compiler)."""
-    z = gl.full(c.shape, 0, gl.int32, c.type.layout) + (K >> 30)
+def _decode_patched(c, a0, a1, K):
+    """{doc}"""
+    z = gl.full(c.shape, 0, gl.int32, c.type.layout) + (K >> 30)  # 0, unknown to the compiler
     b0, b1, b2, b3, b4, b5, b6, b7 = gl.inline_asm_elementwise(
-        asm=_ALU_ASM, constraints=_ALU_CONSTRAINTS,
+        asm=_PATCHED_ASM, constraints=_PATCHED_CONSTRAINTS,
         args=[c, a0, a1, gl.full(c.shape, H_MASK4, gl.int32, c.type.layout),
               gl.full(c.shape, H_CONST4, gl.int32, c.type.layout), z],
-        dtype=(gl.int16,) * 8, is_pure=True, pack=1)
+        dtype=(gl.int16,) * 8, is_pure=True, pack={pack})
     return (b0.to(gl.bfloat16, bitcast=True), b1.to(gl.bfloat16, bitcast=True),
             b2.to(gl.bfloat16, bitcast=True), b3.to(gl.bfloat16, bitcast=True),
             b4.to(gl.bfloat16, bitcast=True), b5.to(gl.bfloat16, bitcast=True),
             b6.to(gl.bfloat16, bitcast=True), b7.to(gl.bfloat16, bitcast=True))
 
 
-_ALU_ASM = gl.constexpr({asm!r})
-_ALU_CONSTRAINTS = gl.constexpr({constraints!r})
+_PATCHED_ASM = gl.constexpr({asm!r})
+_PATCHED_CONSTRAINTS = gl.constexpr({constraints!r})
 '''
+_ALU_DOC = ("`_decode`'s 8 weights, each decoded register put through {rounds} more op(s) "
+            "with z = K >> 30 (zero for every K a weight has).")
+_NOPAIR_DOC = ("Timing only, wrong products: two adjacent words a call (pack 2), their 8 "
+               "decoded bf16x2 registers handed to the 8 tiles as their register pairs, no "
+               "re-pairing (tile i takes register i % 4 of the first word if i < 4, else of "
+               "the second).")
 
 
 _X_OFFSETS = ('''    ja = gl.arange(0, SW, layout=gl.SliceLayout(1, op_x))
@@ -133,6 +146,15 @@ def _xb(t, acc):
 '''
 
 
+_NOPAIR_ASM = "".join(
+    f"lop3.b32 h, ${8 + w}, ${14 + w}, ${16 + w}, 0xEA;\n"
+    f"shf.r.wrap.b32 r, ${8 + w}, ${8 + w}, 4;\n"
+    f"lop3.b32 g, r, ${14 + w}, ${16 + w}, 0xEA;\n"
+    f"prmt.b32 ${4 * w}, ${10 + w}, h, 0x5140;\n"
+    f"prmt.b32 ${4 * w + 1}, ${10 + w}, h, 0x7362;\n"
+    f"prmt.b32 ${4 * w + 2}, ${12 + w}, g, 0x5140;\n"
+    f"prmt.b32 ${4 * w + 3}, ${12 + w}, g, 0x7362;\n" for w in (0, 1))
+
 def _alu_asm(rounds: int) -> str:
     """The shipped decode asm with each of p0..p3 XORed with $13 (and, with 2 rounds, $13
     added to it) before the results are moved out."""
@@ -162,16 +184,22 @@ def patched_module(kind: str, variant: str):
         for load in _LOADS:
             src = _replace(src, load, "_ldh(" + load[len("gl.load("):load.index(",")] + ")")
         src += _LDH.format(hint=HINTS[variant])
-    elif kind == "x32":
+    if kind == "x32" or variant == "nopair_x32":
         src = _replace(_replace(src, *_X_OFFSETS), *_X_LOAD)
         for i in range(8):
             src = _replace(src, f"acc = mma_v2(w{i}, xs[{i}], acc)",
                            f"acc = mma_v2(w{i}, _xb(xs[{i}], acc), acc)")
         src += _XB
-    else:
-        src = _replace(src, _DECODE_CALL, "_decode_alu(buf[0], buf[1], buf[2], K)")
-        src += _DECODE_ALU.format(rounds=ALU[variant], asm=_alu_asm(ALU[variant]),
-                                  constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
+    if kind in ("pairs", "alu"):
+        src = _replace(src, _DECODE_CALL, "_decode_patched(buf[0], buf[1], buf[2], K)")
+    if kind == "pairs":
+        src += _DECODE_PATCHED.format(doc=_NOPAIR_DOC, pack=2,
+                                      asm="{ .reg .b32 r, h, g;\n" + _NOPAIR_ASM + "}",
+                                      constraints=",".join(["=r"] * 8 + ["r"] * 12))
+    if kind == "alu":
+        src += _DECODE_PATCHED.format(doc=_ALU_DOC.format(rounds=ALU[variant]), pack=1,
+                                      asm=_alu_asm(ALU[variant]),
+                                      constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
     path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), f"w12_gluon_{variant}.py")
     with open(path, "w") as f:
         f.write(src)
@@ -208,21 +236,22 @@ def main() -> None:
     from benchmarks.w12_ksplit import run_shapes
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=("hint", "alu", "x32"), default="hint")
+    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs"), default="hint")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="4,8,16")
     ap.add_argument("--variants", default="", help="default: every variant of the kind")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
     args = ap.parse_args()
-    known = {"hint": HINTS, "alu": ALU, "x32": X32}[args.kind]
+    known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
     bad = [v for v in variants if v not in known]
     if bad:
         raise SystemExit(f"unknown {args.kind} variant(s) {','.join(bad)}: choose from "
                          f"{','.join(known)}")
     mods = {v: patched_module(args.kind, v) for v in variants}
-    run_shapes(args.shapes, args.batches, args.reps, _configs(mods, args.kind == "x32"),
-               f"w12_patch_{args.kind}.json")
+    run_shapes(args.shapes, args.batches, args.reps,
+               _configs(mods, args.kind in ("x32", "pairs")), f"w12_patch_{args.kind}.json",
+               PAIRS if args.kind == "pairs" else ())
 
 
 if __name__ == "__main__":

@@ -74,3 +74,14 @@ def test_x32_copy_pairs_x_without_prmts_or_shared_memory(tmp_path):
     assert after.count("PRMT") <= before.count("PRMT") - 2 * before.count("HMMA")
     # the int32 slices become the B operand in registers (the layout conversion moves no data)
     assert "st.shared" not in x32_ptx and "st.shared" not in shipped_ptx
+
+
+def test_nopair_copies_drop_the_weight_pairing(tmp_path):
+    _, shipped = _compile(w12_gluon.w12_gluon_kernel)
+    before = _sass_ops(shipped, tmp_path)
+    mma = before.count("HMMA")
+    for variant, fewer in (("nopair", 3), ("nopair_x32", 5)):
+        _, cubin = _compile(patched_module("pairs", variant).w12_gluon_kernel)
+        after = _sass_ops(cubin, tmp_path)
+        assert after.count("HMMA") == mma
+        assert after.count("PRMT") <= before.count("PRMT") - fewer * mma, variant
