@@ -4,6 +4,7 @@ each copy holds what the run's table says it does."""
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import re
@@ -23,9 +24,11 @@ CONSTS = {"BM": 8, "BN": 16, "SW": 32, "GW": 64, "SPLIT_K": 1, "EVEN": True, "EC
 ALIGNED = ("K", "KW", "stride_a", "stride_c", "stride_xm", "stride_ym", "K_PER")
 
 
+@functools.cache
 def _compile(kernel):
     """(PTX, cubin) of the kernel for sm_90, pointers and strides 16-byte aligned as on the
-    benchmark's shapes (so the loads vectorize as they do there)."""
+    benchmark's shapes (so the loads vectorize as they do there); cached, so the shipped
+    kernel is built once for all tests."""
     import triton
     from triton.experimental.gluon._runtime import GluonASTSource
 
