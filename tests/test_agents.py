@@ -208,3 +208,27 @@ def test_front_runners_are_the_best_of_each_family_even_when_timed_below_stock()
     assert front_runners(search) == ["c3", "c2", "c7"]
     search.cfg.confirm_top = 2
     assert front_runners(search) == ["c3", "c2"]
+
+
+def test_a_round_shrinks_to_what_still_fits_the_time_limit():
+    """With a stock evaluation of 60 s and 14 minutes, a full round of 4 (4 evaluations and
+    a merge), the 3 gate checks and a confirmation of 3 front runners (5 engines) fit only
+    while 13 evaluations' time is left; after that the round shrinks (a single proposal
+    needs no merge slot) and, below 9 evaluations' time, no round runs. Two workers
+    evaluate a round's candidates two at a time."""
+    import time
+    from types import SimpleNamespace as NS
+
+    from specpilot.agents.loop import Search
+
+    def size(spent_s, workers=1):
+        s = NS(cfg=NS(workers=workers, time_limit_min=14.0, per_round=4, confirm_top=3),
+               t0=time.time() - spent_s)
+        return Search.round_size(s, 60.0)
+
+    assert size(0) == 4  # 840 s left, 780 needed
+    assert size(70) == 3  # 770 s left: 12 evaluations fit, 13 do not
+    assert size(130) == 2  # 710 s: 2 proposals and a merge, 11 evaluations
+    assert size(200) == 1  # 640 s: 2 proposals and their merge no longer fit, 1 does
+    assert size(300) == 0  # 540 s: not even 9
+    assert size(130, workers=2) == 4  # 5 jobs in 3 waves: 11 evaluations' time

@@ -106,6 +106,7 @@ class Search:
         self.lineage = Lineage()
         self.t0 = time.time()
         self.batch = self.dep.batch_sizes[0]
+        self.round_n = cfg.per_round
 
     # --- trace -------------------------------------------------------------------------
     def log(self, event: str, candidate: str | None = None, parents=(), **data) -> None:
@@ -258,7 +259,7 @@ class Search:
             best_knobs=best.knobs.to_dict(), best_overlay=dict(best.overlay),
             best_tok_s=res.tok_s, gaps=self.gaps, best_k=self.best_k,
             history=list(self.st.history), editable_files=self.editable,
-            n=max(1, min(self.cfg.per_round, self.cfg.budget - self.st.evaluations)),
+            n=max(1, min(self.round_n, self.cfg.budget - self.st.evaluations)),
             seed=self.cfg.seed)
 
     def propose(self, rnd: int) -> list[Candidate]:
@@ -370,13 +371,18 @@ class Search:
         self.evaluate([(cid, spec)])
         self.consider(cid, spec, "merge")
 
-    def time_for_a_round(self, eval_s: float) -> bool:
-        """Whether a round (its evaluations and a merge), the final gate checks and the
-        confirmation still fit in the time limit, at the stock evaluation's wall time (the
-        confirmation times each of its engines about as long as one evaluation)."""
-        w = max(1, self.cfg.workers)
-        need = (-(-(self.cfg.per_round + 1) // w) + 3 + self.cfg.confirm_top + 2) * eval_s
-        return time.time() - self.t0 + need < self.cfg.time_limit_min * 60
+    def round_size(self, eval_s: float) -> int:
+        """Proposals an agent may make in the next round: the most, up to `per_round`, whose
+        evaluations (and a merge), the final gate checks and the confirmation still fit in
+        the time limit at the stock evaluation's wall time (the confirmation times each of
+        its engines about as long as one evaluation); 0 when not even one does. On a slow
+        machine a smaller round still runs where a full one would not fit."""
+        w, left = max(1, self.cfg.workers), self.cfg.time_limit_min * 60 - (time.time() - self.t0)
+        for n in range(self.cfg.per_round, 0, -1):
+            jobs = n + (n >= 2)  # a merge needs two winners
+            if (-(-jobs // w) + 3 + self.cfg.confirm_top + 2) * eval_s < left:
+                return n
+        return 0
 
     # --- the whole run -----------------------------------------------------------------
     def run(self) -> dict:
@@ -419,7 +425,14 @@ class Search:
             self.editable = editable_files()
             self.agents = [agent_actor(a, cfg, dep) for a in cfg.agents]
             rnd = 0
-            while self.st.evaluations < cfg.budget and self.time_for_a_round(sres.wall_s):
+            while self.st.evaluations < cfg.budget:
+                self.round_n = self.round_size(sres.wall_s)
+                if not self.round_n:
+                    break
+                if self.round_n < cfg.per_round and rnd not in self.st.proposals:
+                    self.log("proposal", None, (), round=rnd, agent="search",
+                             note=f"round of {self.round_n} proposals an agent, not "
+                                  f"{cfg.per_round}: a full one no longer fits the time limit")
                 if not self.round(rnd):
                     break
                 rnd += 1
