@@ -431,8 +431,9 @@ class Search:
                     break
                 if self.round_n < cfg.per_round and rnd not in self.st.proposals:
                     self.log("proposal", None, (), round=rnd, agent="search",
-                             note=f"round of {self.round_n} proposals an agent, not "
-                                  f"{cfg.per_round}: a full one no longer fits the time limit")
+                             note=f"this round takes {self.round_n} of the {cfg.per_round} "
+                                  "proposals an agent: a full round no longer fits the time "
+                                  "limit")
                 if not self.round(rnd):
                     break
                 rnd += 1
