@@ -1,13 +1,13 @@
 """Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`), each
 timed against the shipped pick of every (shape, batch) whose pick is that kernel.
 
-    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs] [--shapes ...]
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit] [--shapes ...]
         [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
 own module, launched with the pick's config; every variant (but the timing-only `pairs`) is
-checked against the fp32 reference with a NaN-poisoned output, then A/B-timed against the
-shipped pick
+checked against the fp32 reference with a NaN-poisoned output (the timing-only kinds, `pairs`
+and `xhit`, only for every element written), then A/B-timed against the shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
 w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first W12 run;
 none of the variants is in the engine.
@@ -49,6 +49,12 @@ bf16x2 pairs could gain at most: `nopair` decodes two adjacent words a call and 
 8 decoded registers to the 8 tiles as they are (the same decode work, no re-pairing),
 `nopair_x32` does that on the x32 copy. The products are wrong on purpose; every element is
 still checked to be written (`bench_shape`'s timing_only).
+
+--kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
+instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
+stride 0), so each x load is the same instruction and nearly always an L1 hit (one row of x,
+K * 2 bytes). The thirteenth run measured this on fixed configs (17% at batch 16 on gate_up
+32B-class, one split); here it bounds, per pick, what x held in shared memory could gain.
 """
 
 from __future__ import annotations
@@ -66,6 +72,9 @@ HINTS = {
 }
 X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
+XHIT = ("xrow",)  # timing only: wrong products
+_XROW = ("    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2",
+         "    x_off = gl.expand_dims(ma, 0) * 0 + jx2")
 # the unmasked word loads of w12_gluon._words, each replaced by a hinted one
 _LOADS = ('gl.load(c_ptr + c_off + w, eviction_policy="evict_first")',
           'gl.load(a_ptr + a_off + wa, eviction_policy="evict_first")',
@@ -190,6 +199,8 @@ def patched_module(kind: str, variant: str):
             src = _replace(src, f"acc = mma_v2(w{i}, xs[{i}], acc)",
                            f"acc = mma_v2(w{i}, _xb(xs[{i}], acc), acc)")
         src += _XB
+    if kind == "xhit":
+        src = _replace(src, *_XROW)
     if kind in ("pairs", "alu"):
         src = _replace(src, _DECODE_CALL, "_decode_patched(buf[0], buf[1], buf[2], K)")
     if kind == "pairs":
@@ -236,13 +247,13 @@ def main() -> None:
     from benchmarks.w12_ksplit import run_shapes
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs"), default="hint")
+    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs", "xhit"), default="hint")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="4,8,16")
     ap.add_argument("--variants", default="", help="default: every variant of the kind")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
     args = ap.parse_args()
-    known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS}[args.kind]
+    known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
     bad = [v for v in variants if v not in known]
     if bad:
@@ -251,7 +262,7 @@ def main() -> None:
     mods = {v: patched_module(args.kind, v) for v in variants}
     run_shapes(args.shapes, args.batches, args.reps,
                _configs(mods, args.kind in ("x32", "pairs")), f"w12_patch_{args.kind}.json",
-               PAIRS if args.kind == "pairs" else ())
+               {"pairs": PAIRS, "xhit": XHIT}.get(args.kind, ()))
 
 
 if __name__ == "__main__":

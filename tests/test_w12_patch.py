@@ -1,6 +1,6 @@
-"""The patched kernel copies behind the twenty-first W12 run (`benchmarks/w12_patch.py`):
-each kind's patch applies to today's `w12_gluon.py`, and compiled for sm_90 (no GPU needed)
-each copy holds what the run's table says it does."""
+"""The patched kernel copies behind the twenty-first and twenty-second W12 runs
+(`benchmarks/w12_patch.py`): each kind's patch applies to today's `w12_gluon.py`, and
+compiled for sm_90 (no GPU needed) each copy holds what the run's table says it does."""
 
 from __future__ import annotations
 
@@ -88,3 +88,13 @@ def test_nopair_copies_drop_the_weight_pairing(tmp_path):
         after = _sass_ops(cubin, tmp_path)
         assert after.count("HMMA") == mma
         assert after.count("PRMT") <= before.count("PRMT") - fewer * mma, variant
+
+
+def test_xrow_copy_keeps_every_x_load_and_mma(tmp_path):
+    """The xhit bound is fair only if the copy issues the shipped loads: its x offsets no
+    longer depend on the batch row, and the compiler must not fold the then-equal loads."""
+    _, shipped = _compile(w12_gluon.w12_gluon_kernel)
+    _, xrow = _compile(patched_module("xhit", "xrow").w12_gluon_kernel)
+    before, after = _sass_ops(shipped, tmp_path), _sass_ops(xrow, tmp_path)
+    for op in ("HMMA", "LDG"):
+        assert after.count(op) == before.count(op) > 0, op
