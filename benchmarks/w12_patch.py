@@ -5,12 +5,12 @@ timed against the shipped pick of every (shape, batch) whose pick is that kernel
         [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
-own module, launched with the pick's config; every variant (but the timing-only `pairs`) is
-checked against the fp32 reference with a NaN-poisoned output (the timing-only kinds, `pairs`
-and `xhit`, only for every element written), then A/B-timed against the shipped pick
+own module, launched with the pick's config; every variant is checked against the fp32
+reference with a NaN-poisoned output (those of the timing-only kinds, `pairs` and `xhit`,
+only for every element written), then A/B-timed against the shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
-w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first W12 run;
-none of the variants is in the engine.
+w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first and
+twenty-second W12 runs; none of the variants is in the engine.
 
 --kind hint: the size of the DRAM fetches behind the word loads. At batch 4-8 the picks'
 words alone stream at 94-95% of a plain read, but with the math the kernel gets 62.7% of
