@@ -215,15 +215,15 @@ def test_a_round_shrinks_to_what_still_fits_the_time_limit():
     a merge), the 3 gate checks and a confirmation of 3 front runners (5 engines) fit only
     while 13 evaluations' time is left; after that the round shrinks (a single proposal
     needs no merge slot) and, below 9 evaluations' time, no round runs. Two workers
-    evaluate a round's candidates two at a time."""
+    evaluate a round's candidates two at a time; two agents make twice the candidates."""
     import time
     from types import SimpleNamespace as NS
 
     from specpilot.agents.loop import Search
 
-    def size(spent_s, workers=1):
-        s = NS(cfg=NS(workers=workers, time_limit_min=14.0, per_round=4, confirm_top=3),
-               t0=time.time() - spent_s)
+    def size(spent_s, workers=1, agents=("heuristic",)):
+        s = NS(cfg=NS(workers=workers, time_limit_min=14.0, per_round=4, confirm_top=3,
+                      agents=agents), t0=time.time() - spent_s)
         return Search.round_size(s, 60.0)
 
     assert size(0) == 4  # 840 s left, 780 needed
@@ -232,3 +232,5 @@ def test_a_round_shrinks_to_what_still_fits_the_time_limit():
     assert size(200) == 1  # 640 s: 2 proposals and their merge no longer fit, 1 does
     assert size(300) == 0  # 540 s: not even 9
     assert size(130, workers=2) == 4  # 5 jobs in 3 waves: 11 evaluations' time
+    assert size(0, agents=("heuristic", "llm")) == 2  # 4 candidates and a merge, 13 in all
+    assert size(200, agents=("heuristic", "llm")) == 0  # 2 candidates and a merge: 11

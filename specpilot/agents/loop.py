@@ -373,13 +373,15 @@ class Search:
 
     def round_size(self, eval_s: float) -> int:
         """Proposals an agent may make in the next round: the most, up to `per_round`, whose
-        evaluations (and a merge), the final gate checks and the confirmation still fit in
-        the time limit at the stock evaluation's wall time (the confirmation times each of
-        its engines about as long as one evaluation); 0 when not even one does. On a slow
-        machine a smaller round still runs where a full one would not fit."""
+        evaluations (every agent's n, and a merge), the final gate checks and the
+        confirmation still fit in the time limit at the stock evaluation's wall time (the
+        confirmation times each of its engines about as long as one evaluation); 0 when not
+        even one does. On a slow machine a smaller round still runs where a full one would
+        not fit."""
         w, left = max(1, self.cfg.workers), self.cfg.time_limit_min * 60 - (time.time() - self.t0)
         for n in range(self.cfg.per_round, 0, -1):
-            jobs = n + (n >= 2)  # a merge needs two winners
+            jobs = n * len(self.cfg.agents)
+            jobs += jobs >= 2  # a merge needs two winners
             if (-(-jobs // w) + 3 + self.cfg.confirm_top + 2) * eval_s < left:
                 return n
         return 0
