@@ -106,7 +106,6 @@ class Search:
         self.lineage = Lineage()
         self.t0 = time.time()
         self.batch = self.dep.batch_sizes[0]
-        self.round_n = cfg.per_round
 
     # --- trace -------------------------------------------------------------------------
     def log(self, event: str, candidate: str | None = None, parents=(), **data) -> None:
@@ -249,7 +248,7 @@ class Search:
         return cls.remote(self.dep.target, self.dep.device, self.dep.dtype)
 
     # --- the rounds --------------------------------------------------------------------
-    def context(self, rnd: int) -> ProposalContext:
+    def context(self, rnd: int, n: int) -> ProposalContext:
         best = self.st.specs[self.st.best]
         res = self.st.results[best.hash]
         return ProposalContext(
@@ -259,15 +258,15 @@ class Search:
             best_knobs=best.knobs.to_dict(), best_overlay=dict(best.overlay),
             best_tok_s=res.tok_s, gaps=self.gaps, best_k=self.best_k,
             history=list(self.st.history), editable_files=self.editable,
-            n=max(1, min(self.round_n, self.cfg.budget - self.st.evaluations)),
+            n=max(1, min(n, self.cfg.budget - self.st.evaluations)),
             seed=self.cfg.seed)
 
-    def propose(self, rnd: int) -> list[Candidate]:
+    def propose(self, rnd: int, n: int) -> list[Candidate]:
         import ray
 
         if rnd in self.st.proposals:
             return self.st.proposals[rnd]
-        ctx = self.context(rnd)
+        ctx = self.context(rnd, n)
         replies = ray.get([a.propose.remote(ctx) for a in self.agents])
         out = []
         for cands, notes in replies:
@@ -320,8 +319,8 @@ class Search:
         if ci[0] > 1.0:
             self.st.best = cid
 
-    def round(self, rnd: int) -> bool:
-        cands = self.propose(rnd)
+    def round(self, rnd: int, n: int) -> bool:
+        cands = self.propose(rnd, n)
         if not cands:
             return False
         jobs = []
@@ -428,15 +427,14 @@ class Search:
             self.agents = [agent_actor(a, cfg, dep) for a in cfg.agents]
             rnd = 0
             while self.st.evaluations < cfg.budget:
-                self.round_n = self.round_size(sres.wall_s)
-                if not self.round_n:
+                n = self.round_size(sres.wall_s)
+                if not n:
                     break
-                if self.round_n < cfg.per_round and rnd not in self.st.proposals:
+                if n < cfg.per_round and rnd not in self.st.proposals:
                     self.log("proposal", None, (), round=rnd, agent="search",
-                             note=f"this round takes {self.round_n} of the {cfg.per_round} "
-                                  "proposals an agent: a full round no longer fits the time "
-                                  "limit")
-                if not self.round(rnd):
+                             note=f"this round takes {n} of the {cfg.per_round} proposals an "
+                                  "agent: a full round no longer fits the time limit")
+                if not self.round(rnd, n):
                     break
                 rnd += 1
                 self.lineage.save(self.trace.dir / "lineage.json")
