@@ -3,7 +3,7 @@
 Run on the GPU machine from the repo root:
 
     PYTHONPATH=. python3 benchmarks/w12_bench.py [--quick] [--no-step] [--explore] [--asm]
-        [--shipped] [--pdl]
+        [--shipped | --with-shipped] [--pdl]
 
 Checks first (bit-exact unpack on the device for all 65536 bf16 patterns and per shape;
 every tuned config against the fp32 reference on fresh inputs with NaN-poisoned outputs),
@@ -13,7 +13,8 @@ and prints the table last. Writes w12_bench.json and the tuned-config table
 tensor-core grid (`explore_candidates`) than the engine's tuning grid; `--asm` writes
 w12_asm.json: per compiled W12 kernel, what its TTGIR/PTX hold (async copies, register to
 shared stores, wgmma/mma counts, registers, spills); `--shipped` times the shipped
-table's W12 pick (what the engine runs) instead of tuning; `--pdl` launches our kernels
+table's W12 pick (what the engine runs) instead of tuning, `--with-shipped` with the grid
+(`--variant-mask` narrows the grid, not the pick); `--pdl` launches our kernels
 with programmatic dependent launch, as the engine does. Last, issue 7's targets scored
 on this run (`w12_targets.py`).
 """
@@ -292,9 +293,11 @@ def bench_shape(name: str, batches: tuple[int, ...], log, deadline: float, shipp
         cfgs = (explore_candidates if opts.explore else w12_candidates)(bucket(b))
         if opts.variant_mask:
             cfgs = [c for c in cfgs if c.variant & opts.variant_mask]
-        hit = shipped.lookup("w12", n, k, b) if opts.shipped else None
-        if hit:  # what the engine runs, not the tuner's pick of this run
+        hit = shipped.lookup("w12", n, k, b) if opts.shipped or opts.with_shipped else None
+        if hit and opts.shipped:  # what the engine runs, not the tuner's pick of this run
             cfgs = [hit]
+        elif hit:  # the shipped pick against the (masked) grid, in the same run
+            cfgs = [hit] + [c for c in cfgs if c != hit]
         tcfgs = bf16_configs(shipped, n, k, b, opts.full_bf16)
         if opts.quick or time.time() > deadline:
             cfgs, tcfgs = cfgs[:2], tcfgs[:1]
@@ -410,6 +413,9 @@ def main() -> None:
     ap.add_argument("--shipped", action="store_true",
                     help="time the shipped table's W12 pick of each (shape, batch) instead of "
                          "tuning the grid (the grid where the table has none)")
+    ap.add_argument("--with-shipped", action="store_true",
+                    help="time the shipped table's W12 pick too, with the grid (a run that "
+                         "tunes new configs against what the engine runs now)")
     ap.add_argument("--pdl", action="store_true",
                     help="launch our kernels with programmatic dependent launch, as the "
                          "engine does (cuBLAS as usual)")

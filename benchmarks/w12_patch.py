@@ -221,11 +221,12 @@ def patched_module(kind: str, variant: str):
     return mod
 
 
-def _configs(mods: dict, bm8: bool):
+def _configs(mods: dict, bm8: bool, hint: bool):
     """(x, y, packed, ship, b) -> the shipped pick, then the pick launched from each patched
     module (nothing more where the pick is not the Gluon register kernel, or with bm8 does
-    not take 8 rows of x)."""
-    from specpilot.kernels.w12_triton import GLUON, SK, WGMMA, XPRE, w12_matmul
+    not take 8 rows of x); with the pick's word-load policy (`L1EF`), except for a hint
+    variant, which replaces the word loads of the L2-policy path."""
+    from specpilot.kernels.w12_triton import GLUON, L1EF, SK, WGMMA, XPRE, w12_matmul
 
     def configs(x, y, packed, ship, b):
         out = [("shipped " + ship.label, lambda p: w12_matmul(x, p, ship, out=y))]
@@ -236,7 +237,7 @@ def _configs(mods: dict, bm8: bool):
             run = mod.w12_gluon_sk_matmul if ship.variant & SK else mod.w12_gluon_matmul
             out.append((variant, lambda p, run=run: run(
                 x, p, y, ship.bm, ship.bn, ship.bk, ship.split_k, ship.warps, ship.stages,
-                bool(ship.variant & XPRE))))
+                bool(ship.variant & XPRE), bool(ship.variant & L1EF) and not hint)))
         return out
 
     return configs
@@ -261,7 +262,7 @@ def main() -> None:
                          f"{','.join(known)}")
     mods = {v: patched_module(args.kind, v) for v in variants}
     run_shapes(args.shapes, args.batches, args.reps,
-               _configs(mods, args.kind in ("x32", "pairs")), f"w12_patch_{args.kind}.json",
+               _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint"), f"w12_patch_{args.kind}.json",
                {"pairs": PAIRS, "xhit": XHIT}.get(args.kind, ()))
 
 

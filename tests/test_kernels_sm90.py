@@ -61,14 +61,16 @@ def _w12_builds():
                 if cfg.variant & w12_triton.SK:
                     consts = w12_gluon.sk_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.warps, cfg.stages,
-                        bool(cfg.variant & w12_triton.XPRE), use_pdl=True)
+                        bool(cfg.variant & w12_triton.XPRE), use_pdl=True,
+                        l1ef=bool(cfg.variant & w12_triton.L1EF))
                     yield (w12_gluon.w12_gluon_sk_kernel, consts, cfg.warps, 1,
                            f"w12 gluon stream-K K={k} b{b} {cfg.label}")
                     continue
                 if cfg.variant & w12_triton.GLUON:
                     _, consts = w12_gluon.gluon_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.warps,
-                        cfg.stages, bool(cfg.variant & w12_triton.XPRE), use_pdl=True)
+                        cfg.stages, bool(cfg.variant & w12_triton.XPRE), use_pdl=True,
+                        l1ef=bool(cfg.variant & w12_triton.L1EF))
                     yield (w12_gluon.w12_gluon_kernel, consts, cfg.warps, 1,
                            f"w12 gluon K={k} b{b} {cfg.label}")
                     continue
@@ -104,6 +106,10 @@ def test_every_tuning_config_compiles_for_sm90(builds):
         assert k.asm["cubin"], label
         if consts.get("PDL"):
             assert "griddepcontrol.wait" in k.asm["ptx"], label
+        if isinstance(kernel, GluonJITFunction) and consts["EVEN"]:
+            # the word loads: L1 hint only (EVEN 2) or L1 + L2 evict-first policy (EVEN 1)
+            plain = k.asm["ptx"].count("ld.global.L1::evict_first.v4.b32")
+            assert (plain >= 3) == (consts["EVEN"] == 2), label
     assert not failed, "\n".join(failed)
 
 

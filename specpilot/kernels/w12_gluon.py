@@ -70,12 +70,29 @@ def _gdc(ASM: gl.constexpr):
 
 
 @gluon.jit
+def _ld_l1ef(p):
+    """int32 words at pointers p as `ld.global.L1::evict_first` 16-byte loads, without the
+    L2 evict-first policy of `gl.load(eviction_policy="evict_first")`: one load from the
+    first of each 4 of a thread's consecutive words (contiguous and 16-byte aligned in the
+    A operand layout of an aligned shape)."""
+    return gl.inline_asm_elementwise(
+        asm="ld.global.L1::evict_first.v4.b32 {$0, $1, $2, $3}, [$4];",
+        constraints="=r,=r,=r,=r,l,l,l,l", args=[p.to(gl.int64, bitcast=True)],
+        dtype=gl.int32, is_pure=False, pack=4)
+
+
+@gluon.jit
 def _words(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr, j2, KW, EVEN: gl.constexpr):
     """Word tiles [BN, SW] (codes, A0, A1) of the step at word w, in the A operand layout.
     w is always a valid step start (the caller clamps prefetches past the split's end), so
-    aligned shapes load unmasked: no zero-fill instructions, full 16-byte vectors."""
+    aligned shapes (EVEN 1 or 2) load unmasked: no zero-fill instructions, full 16-byte
+    vectors; with EVEN 2 without the L2 evict-first policy (faster at 16 rows of x)."""
     wa = w + (w // GW) * GW
-    if EVEN:
+    if EVEN == 2:
+        cw = _ld_l1ef(c_ptr + c_off + w)
+        a0 = _ld_l1ef(a_ptr + a_off + wa)
+        a1 = _ld_l1ef(a_ptr + a_off + wa + GW)
+    elif EVEN:
         cw = gl.load(c_ptr + c_off + w, eviction_policy="evict_first")
         a0 = gl.load(a_ptr + a_off + wa, eviction_policy="evict_first")
         a1 = gl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first")
@@ -425,12 +442,13 @@ def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_
 
 
 def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
-                    warps: int, depth: int, xpre: bool = False,
-                    use_pdl: bool = False) -> tuple[int, dict]:
+                    warps: int, depth: int, xpre: bool = False, use_pdl: bool = False,
+                    l1ef: bool = False) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call on a W12 weight of K columns
     (kp padded, column groups of gw words) with bm rows of x and bn weight rows per program,
-    a K step of bk columns, (xpre) x slices loaded a step ahead with the words and
-    (use_pdl) a launch with programmatic dependent launch."""
+    a K step of bk columns, (xpre) x slices loaded a step ahead with the words,
+    (use_pdl) a launch with programmatic dependent launch and (l1ef) the words of an
+    aligned shape loaded with an L1 evict-first hint only (`EVEN` 2)."""
     if bm not in (8, 16, 32):
         raise ValueError(f"the Gluon W12 kernel takes 8, 16 or 32 rows of x per program, "
                          f"got {bm}")
@@ -447,18 +465,21 @@ def gluon_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, split_k
         raise ValueError(f"the Gluon W12 kernel prefetches x slices for 8 rows of x at depth "
                          f"1 only (more spills registers), got bm={bm}, depth={depth}")
     kper, even = split_words(k, kp, sw, split_k)
+    even = int(even) * (2 if l1ef else 1)
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw, "SPLIT_K": split_k, "EVEN": even,
                   "ECH": 8, "WARPS": warps, "DEPTH": depth, "XPRE": xpre,
                   "ESC_EARLY": bm == 8, "PDL": use_pdl}
 
 
 def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
-                     split_k: int, warps: int, depth: int, xpre: bool = False) -> torch.Tensor:
+                     split_k: int, warps: int, depth: int, xpre: bool = False,
+                     l1ef: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows on a CUDA device, y allocated; rows
     in tiles of bm); with PDL where `pdl.active` says so."""
     m, k = x.shape
     on = pdl.active(x.device)
-    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth, xpre, on)
+    kper, consts = gluon_constants(k, w.kp, w.gw, bm, bn, bk, split_k, warps, depth, xpre, on,
+                                   l1ef)
     grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), split_k)
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
     kw = w.kp // 8
@@ -470,12 +491,12 @@ def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
 
 
 def sk_constants(k: int, kp: int, gw: int, bm: int, bn: int, bk: int, warps: int, depth: int,
-                 xpre: bool = False, use_pdl: bool = False) -> dict:
+                 xpre: bool = False, use_pdl: bool = False, l1ef: bool = False) -> dict:
     """The stream-K kernel's constexprs: `gluon_constants`' less the split count; EVEN when x
     has no padded columns (every unit is a whole step of real words)."""
     _, consts = gluon_constants(k, kp, gw, bm, bn, bk, 1, warps, depth, xpre, use_pdl)
     del consts["SPLIT_K"]
-    consts["EVEN"] = k == kp
+    consts["EVEN"] = int(k == kp) * (2 if l1ef else 1)
     return consts
 
 
@@ -498,14 +519,14 @@ def stream_k_plan(n: int, m: int, kw: int, bm: int, bn: int, sw: int,
 
 
 def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int,
-                        bk: int, per_sm: int, warps: int, depth: int,
-                        xpre: bool = False) -> torch.Tensor:
+                        bk: int, per_sm: int, warps: int, depth: int, xpre: bool = False,
+                        l1ef: bool = False) -> torch.Tensor:
     """`w12_gluon_matmul` in stream-K form: per_sm programs an SM (as many as stay resident:
     8 one-warp programs at 246-254 registers) share the (tile, step) units evenly, so no
     wave of programs is left part-full."""
     m, k = x.shape
     on = pdl.active(x.device)
-    consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre, on)
+    consts = sk_constants(k, w.kp, w.gw, bm, bn, bk, warps, depth, xpre, on, l1ef)
     kw = w.kp // 8
     tiles, steps, units, p, slots = stream_k_plan(
         w.n, m, kw, bm, bn, consts["SW"], per_sm * _sm_count(x.device.index))
