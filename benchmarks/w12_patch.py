@@ -1,16 +1,18 @@
-"""Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`), each
-timed against the shipped pick of every (shape, batch) whose pick is that kernel.
+"""Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`; of the
+Triton one, `w12_triton.py`, for tl_hint), each timed against the shipped pick of every
+(shape, batch) whose pick is that kernel.
 
-    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit] [--shapes ...]
-        [--batches 4,8,16] [--variants ...]
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit|tl_hint]
+        [--shapes ...] [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
 own module, launched with the pick's config; every variant is checked against the fp32
 reference with a NaN-poisoned output (those of the timing-only kinds, `pairs` and `xhit`,
 only for every element written), then A/B-timed against the shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
-w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first and
-twenty-second W12 runs; none of the variants is in the engine.
+w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first to
+twenty-third W12 runs; of the variants only `ef` is in the engine (as the Gluon kernel's
+`L1EF` configs, twenty-third run).
 
 --kind hint: the size of the DRAM fetches behind the word loads. At batch 4-8 the picks'
 words alone stream at 94-95% of a plain read, but with the math the kernel gets 62.7% of
@@ -50,6 +52,11 @@ bf16x2 pairs could gain at most: `nopair` decodes two adjacent words a call and 
 `nopair_x32` does that on the x32 copy. The products are wrong on purpose; every element is
 still checked to be written (`bench_shape`'s timing_only).
 
+--kind tl_hint: the Triton kernel's word loads (the batch 1-2 GEMV and the sliced
+tensor-core picks) without their evict-first policy: `none` (no cache hint) and `cg`
+(`.cg`: cached in L2 only). The loop pipelined through shared memory (`PIPE`) copies words
+with cp.async, which takes no policy; `cg` makes those copies skip L1 too.
+
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
 stride 0), so each x load is the same instruction and nearly always an L1 hit (one row of x,
@@ -62,6 +69,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import sys
 import tempfile
 
 HINTS = {
@@ -70,6 +78,9 @@ HINTS = {
     "ef256": "L1::evict_first.L2::256B",
     "nc256": "nc.L1::no_allocate.L2::256B",
 }
+# the Triton kernel's word loads (GEMV and sliced tensor-core path), and what replaces them
+_TL_WORDS = 'eviction_policy="evict_first"'
+TL_HINTS = {"none": 'eviction_policy=""', "cg": 'cache_modifier=".cg"'}  # (.cs: loads refuse)
 X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
@@ -183,12 +194,21 @@ def _replace(src: str, old: str, new: str) -> str:
 
 
 def patched_module(kind: str, variant: str):
-    """A copy of `specpilot.kernels.w12_gluon` patched for `variant` of `kind`."""
-    import specpilot.kernels.w12_gluon as shipped
+    """A copy of `specpilot.kernels.w12_gluon` (of `w12_triton` for tl_hint) patched for
+    `variant` of `kind`."""
+    import specpilot.kernels.w12_gluon as gluon_mod
+    import specpilot.kernels.w12_triton as triton_mod
     from specpilot.kernels.w12_triton import DECODE_BF16_CONSTRAINTS
 
+    shipped = triton_mod if kind == "tl_hint" else gluon_mod
+    stem = shipped.__name__.rsplit(".", 1)[1]
     with open(shipped.__file__) as f:
         src = f.read()
+    if kind == "tl_hint":
+        n = src.count(_TL_WORDS)
+        if n < 6:
+            raise SystemExit("w12_triton.py's word loads changed: update w12_patch.py")
+        src = src.replace(_TL_WORDS, TL_HINTS[variant])
     if kind == "hint":
         for load in _LOADS:
             src = _replace(src, load, "_ldh(" + load[len("gl.load("):load.index(",")] + ")")
@@ -211,14 +231,31 @@ def patched_module(kind: str, variant: str):
         src += _DECODE_PATCHED.format(doc=_ALU_DOC.format(rounds=ALU[variant]), pack=1,
                                       asm=_alu_asm(ALU[variant]),
                                       constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
-    path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), f"w12_gluon_{variant}.py")
+    path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), f"{stem}_{variant}.py")
     with open(path, "w") as f:
         f.write(src)
-    name = f"specpilot.kernels.w12_gluon_{variant}"
+    name = f"specpilot.kernels.{stem}_{variant}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # the copy's dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def _tl_configs(mods: dict):
+    """(x, y, packed, ship, b) -> the shipped pick, then the pick launched from each patched
+    `w12_triton` copy (nothing more where the pick is a Gluon kernel)."""
+    from specpilot.kernels.w12_triton import GLUON, WGMMA, w12_matmul
+
+    def configs(x, y, packed, ship, b):
+        out = [("shipped " + ship.label, lambda p: w12_matmul(x, p, ship, out=y))]
+        if ship.variant & (GLUON | WGMMA):
+            return out
+        for variant, mod in mods.items():
+            out.append((variant, lambda p, mod=mod: mod.w12_matmul(x, p, ship, out=y)))
+        return out
+
+    return configs
 
 
 def _configs(mods: dict, bm8: bool, hint: bool):
@@ -248,21 +285,24 @@ def main() -> None:
     from benchmarks.w12_ksplit import run_shapes
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs", "xhit"), default="hint")
+    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs", "xhit", "tl_hint"),
+                    default="hint")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="4,8,16")
     ap.add_argument("--variants", default="", help="default: every variant of the kind")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
     args = ap.parse_args()
-    known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT}[args.kind]
+    known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT,
+             "tl_hint": TL_HINTS}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
     bad = [v for v in variants if v not in known]
     if bad:
         raise SystemExit(f"unknown {args.kind} variant(s) {','.join(bad)}: choose from "
                          f"{','.join(known)}")
     mods = {v: patched_module(args.kind, v) for v in variants}
-    run_shapes(args.shapes, args.batches, args.reps,
-               _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint"), f"w12_patch_{args.kind}.json",
+    configs = _tl_configs(mods) if args.kind == "tl_hint" else \
+        _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint")
+    run_shapes(args.shapes, args.batches, args.reps, configs, f"w12_patch_{args.kind}.json",
                {"pairs": PAIRS, "xhit": XHIT}.get(args.kind, ()))
 
 

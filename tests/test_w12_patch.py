@@ -1,6 +1,7 @@
-"""The patched kernel copies behind the twenty-first and twenty-second W12 runs
-(`benchmarks/w12_patch.py`): each kind's patch applies to today's `w12_gluon.py`, and
-compiled for sm_90 (no GPU needed) each copy holds what the run's table says it does."""
+"""The patched kernel copies behind the twenty-first to twenty-third W12 runs
+(`benchmarks/w12_patch.py`): each kind's patch applies to today's `w12_gluon.py` (or
+`w12_triton.py`), and compiled for sm_90 (no GPU needed) each copy holds what the run's
+table says it does."""
 
 from __future__ import annotations
 
@@ -98,3 +99,24 @@ def test_xrow_copy_keeps_every_x_load_and_mma(tmp_path):
     before, after = _sass_ops(shipped, tmp_path), _sass_ops(xrow, tmp_path)
     for op in ("HMMA", "LDG"):
         assert after.count(op) == before.count(op) > 0, op
+
+
+@pytest.mark.slow
+def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
+    """The tl_hint copies of `w12_triton.py` (the batch-1 GEMV and sliced picks' kernel):
+    every word load's policy is replaced, and compiled for sm_90 the shipped GEMV (the
+    unpipelined form of the qkv 32B-class batch-1 pick; the PIPE form copies words with
+    cp.async, which takes no policy) issues evict-first cache-policy loads where the `none`
+    copy issues none."""
+    from specpilot.kernels import w12_triton
+    from tests.test_kernels_sm90 import _compile as compile_sm90
+
+    cfg = w12_triton.KernelConfig(bm=1, bn=16, bk=512, warps=4, variant=1 | w12_triton.DEFER)
+    _, consts = w12_triton.kernel_constants(4096, 4096, 64, cfg)
+    ptx = {}
+    for name, mod in (("shipped", w12_triton), ("none", patched_module("tl_hint", "none"))):
+        src = inspect.getsource(mod)
+        assert "evict_first" not in src or name == "shipped"
+        ptx[name] = compile_sm90(mod.w12_linear_kernel, consts, cfg.warps, 3).asm["ptx"]
+    assert ptx["shipped"].count("createpolicy.fractional.L2::evict_first") >= 1
+    assert "evict_first" not in ptx["none"]
