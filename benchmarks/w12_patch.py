@@ -205,8 +205,7 @@ def patched_module(kind: str, variant: str):
     with open(shipped.__file__) as f:
         src = f.read()
     if kind == "tl_hint":
-        n = src.count(_TL_WORDS)
-        if n < 6:
+        if src.count(_TL_WORDS) < 6:
             raise SystemExit("w12_triton.py's word loads changed: update w12_patch.py")
         src = src.replace(_TL_WORDS, TL_HINTS[variant])
     if kind == "hint":

@@ -113,10 +113,9 @@ def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
 
     cfg = w12_triton.KernelConfig(bm=1, bn=16, bk=512, warps=4, variant=1 | w12_triton.DEFER)
     _, consts = w12_triton.kernel_constants(4096, 4096, 64, cfg)
-    ptx = {}
-    for name, mod in (("shipped", w12_triton), ("none", patched_module("tl_hint", "none"))):
-        src = inspect.getsource(mod)
-        assert "evict_first" not in src or name == "shipped"
-        ptx[name] = compile_sm90(mod.w12_linear_kernel, consts, cfg.warps, 3).asm["ptx"]
+    none = patched_module("tl_hint", "none")
+    assert "evict_first" not in inspect.getsource(none)
+    ptx = {name: compile_sm90(mod.w12_linear_kernel, consts, cfg.warps, 3).asm["ptx"]
+           for name, mod in (("shipped", w12_triton), ("none", none))}
     assert ptx["shipped"].count("createpolicy.fractional.L2::evict_first") >= 1
     assert "evict_first" not in ptx["none"]
