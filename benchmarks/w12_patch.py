@@ -1,8 +1,9 @@
 """Experiments on source-patched copies of the shipped Gluon W12 kernel (`w12_gluon.py`; of the
 Triton one, `w12_triton.py`, for tl_hint), each timed against the shipped pick of every
-(shape, batch) whose pick is that kernel.
+(shape, batch) whose pick is that kernel (of the TMA + wgmma one, `w12_wgmma.py`, for ring,
+timed beside the shipped pick).
 
-    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit|tl_hint]
+    PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit|tl_hint|ring]
         [--shapes ...] [--batches 4,8,16] [--variants ...]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
@@ -11,7 +12,7 @@ reference with a NaN-poisoned output (those of the timing-only kinds, `pairs` an
 only for every element written), then A/B-timed against the shipped pick
 (`w12_ksplit.bench_shape`: CUDA graphs, weights rotated past the L2). Writes
 w12_patch_<kind>.json under $OUT. Measured in docs/BENCHMARKS.md, twenty-first to
-twenty-third W12 runs; of the variants only `ef` is in the engine (as the Gluon kernel's
+twenty-fourth W12 runs; of the variants only `ef` is in the engine (as the Gluon kernel's
 `L1EF` configs, twenty-third run).
 
 --kind hint: the size of the DRAM fetches behind the word loads. At batch 4-8 the picks'
@@ -57,6 +58,15 @@ tensor-core picks) without their evict-first policy: `none` (no cache hint) and 
 (`.cg`: cached in L2 only). The loop pipelined through shared memory (`PIPE`) copies words
 with cp.async, which takes no policy; `cg` makes those copies skip L1 too.
 
+--kind ring: timing only, wrong products. What bounds the explore-only TMA + wgmma kernel
+(`w12_wgmma.py`) at batch 16-32: its configs (64 weight rows, 256-column steps, rings of 2-3,
+1-2 splits) launched from the shipped module and from copies with its work taken away part
+by part: `ring` (the consumers only wait for each stage and release it: no shared reads,
+decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the words alone),
+`l2` (every step re-reads its split's first step: the same copies and math, fed from L2),
+`words_r64` and `words_r80` (`words` under a launch register cap of 64 or 80 instead of
+128: 4 or 3 programs an SM instead of 2).
+
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
 stride 0), so each x load is the same instruction and nearly always an L1 hit (one row of x,
@@ -84,6 +94,14 @@ TL_HINTS = {"none": 'eviction_policy=""', "cg": 'cache_modifier=".cg"'}  # (.cs:
 X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
+RING = ("ring", "words", "l2", "words_r64", "words_r80")  # timing only: wrong products
+# w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
+_MATH = ("        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w),\n",
+         "acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]\n")
+_XCOPY = ("        colb = w + 7 * (w // GW) * GW\n", "x_s.index(s * 8 + i))\n")
+_XBYTES = ("3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes",
+           "3 * c_desc.block_type.nbytes")
+_STEP = ("        w = w_lo + t * SW\n", "        w = w_lo + 0 * t\n")
 _XROW = ("    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2",
          "    x_off = gl.expand_dims(ma, 0) * 0 + jx2")
 # the unmasked word loads of w12_gluon._words, each replaced by a hinted one
@@ -193,14 +211,35 @@ def _replace(src: str, old: str, new: str) -> str:
     return src.replace(old, new)
 
 
+def _cut(src: str, first: str, last: str) -> str:
+    """src without the text from the line `first` through `last` (each there once)."""
+    if src.count(first) != 1 or src.count(last) != 1 or src.index(last) < src.index(first):
+        raise SystemExit(f"the kernel no longer has {first.strip()!r} .. {last.strip()!r} "
+                         "once: update w12_patch.py")
+    return src[:src.index(first)] + src[src.index(last) + len(last):]
+
+
+def _ring_source(src: str, variant: str) -> str:
+    """`w12_wgmma.py`'s source with the work of `variant` (RING) taken away."""
+    if variant == "l2":
+        return _replace(src, *_STEP)
+    src = _cut(src, *_MATH)
+    if variant.startswith("words"):
+        src = _replace(_cut(src, *_XCOPY), *_XBYTES)
+    if variant.startswith("words_r"):
+        src = _replace(src, "MAXNREG = 128", "MAXNREG = " + variant[len("words_r"):])
+    return src
+
+
 def patched_module(kind: str, variant: str):
-    """A copy of `specpilot.kernels.w12_gluon` (of `w12_triton` for tl_hint) patched for
-    `variant` of `kind`."""
+    """A copy of `specpilot.kernels.w12_gluon` (of `w12_triton` for tl_hint, of `w12_wgmma`
+    for ring) patched for `variant` of `kind`."""
     import specpilot.kernels.w12_gluon as gluon_mod
     import specpilot.kernels.w12_triton as triton_mod
+    import specpilot.kernels.w12_wgmma as wgmma_mod
     from specpilot.kernels.w12_triton import DECODE_BF16_CONSTRAINTS
 
-    shipped = triton_mod if kind == "tl_hint" else gluon_mod
+    shipped = {"tl_hint": triton_mod, "ring": wgmma_mod}.get(kind, gluon_mod)
     stem = shipped.__name__.rsplit(".", 1)[1]
     with open(shipped.__file__) as f:
         src = f.read()
@@ -220,6 +259,8 @@ def patched_module(kind: str, variant: str):
         src += _XB
     if kind == "xhit":
         src = _replace(src, *_XROW)
+    if kind == "ring":
+        src = _ring_source(src, variant)
     if kind in ("pairs", "alu"):
         src = _replace(src, _DECODE_CALL, "_decode_patched(buf[0], buf[1], buf[2], K)")
     if kind == "pairs":
@@ -257,6 +298,26 @@ def _tl_configs(mods: dict):
     return configs
 
 
+def _ring_configs(mods: dict):
+    """(x, y, packed, ship, b) -> the shipped pick, then each TMA + wgmma config launched
+    from the shipped module and from each patched copy."""
+    from specpilot.kernels.w12_triton import WGMMA, KernelConfig, w12_matmul
+
+    def configs(x, y, packed, ship, b):
+        out = [("shipped " + ship.label, lambda p: w12_matmul(x, p, ship, out=y))]
+        bm = 8 if b <= 8 else 16 if b <= 16 else 32
+        for split, stages in ((1, 2), (1, 3), (2, 2)):
+            c = KernelConfig(bm=bm, bn=64, bk=256, split_k=split, warps=4, stages=stages,
+                             dot=True, variant=WGMMA)
+            out.append((c.label, lambda p, c=c: w12_matmul(x, p, c, out=y)))
+            for variant, mod in mods.items():
+                out.append((f"{variant} {c.label}", lambda p, c=c, mod=mod: mod.w12_wgmma_matmul(
+                    x, p, y, c.bm, c.bn, c.bk, c.split_k, c.stages)))
+        return out
+
+    return configs
+
+
 def _configs(mods: dict, bm8: bool, hint: bool):
     """(x, y, packed, ship, b) -> the shipped pick, then the pick launched from each patched
     module (nothing more where the pick is not the Gluon register kernel, or with bm8 does
@@ -284,7 +345,7 @@ def main() -> None:
     from benchmarks.w12_ksplit import run_shapes
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs", "xhit", "tl_hint"),
+    ap.add_argument("--kind", choices=("hint", "alu", "x32", "pairs", "xhit", "tl_hint", "ring"),
                     default="hint")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batches", default="4,8,16")
@@ -292,17 +353,19 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
     args = ap.parse_args()
     known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT,
-             "tl_hint": TL_HINTS}[args.kind]
+             "tl_hint": TL_HINTS, "ring": RING}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
     bad = [v for v in variants if v not in known]
     if bad:
         raise SystemExit(f"unknown {args.kind} variant(s) {','.join(bad)}: choose from "
                          f"{','.join(known)}")
     mods = {v: patched_module(args.kind, v) for v in variants}
-    configs = _tl_configs(mods) if args.kind == "tl_hint" else \
-        _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint")
+    if args.kind in ("tl_hint", "ring"):
+        configs = {"tl_hint": _tl_configs, "ring": _ring_configs}[args.kind](mods)
+    else:
+        configs = _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint")
     run_shapes(args.shapes, args.batches, args.reps, configs, f"w12_patch_{args.kind}.json",
-               {"pairs": PAIRS, "xhit": XHIT}.get(args.kind, ()))
+               {"pairs": PAIRS, "xhit": XHIT, "ring": RING}.get(args.kind, ()))
 
 
 if __name__ == "__main__":

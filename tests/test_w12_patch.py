@@ -1,7 +1,7 @@
-"""The patched kernel copies behind the twenty-first to twenty-third W12 runs
+"""The patched kernel copies behind the twenty-first to twenty-fourth W12 runs
 (`benchmarks/w12_patch.py`): each kind's patch applies to today's `w12_gluon.py` (or
-`w12_triton.py`), and compiled for sm_90 (no GPU needed) each copy holds what the run's
-table says it does."""
+`w12_triton.py`, or `w12_wgmma.py`), and compiled for sm_90 (no GPU needed) each copy holds
+what the run's table says it does."""
 
 from __future__ import annotations
 
@@ -119,3 +119,50 @@ def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
            for name, mod in (("shipped", w12_triton), ("none", none))}
     assert ptx["shipped"].count("createpolicy.fractional.L2::evict_first") >= 1
     assert "evict_first" not in ptx["none"]
+
+
+def _compile_wgmma(mod):
+    """PTX of a `w12_wgmma` module's kernel for sm_90 at 16 rows of x, 64 weight rows,
+    256-column steps and a ring of 2 (the ring kind's first config), under its own register
+    cap."""
+    import triton
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    _, consts = mod.wgmma_constants(4096, 64, 16, 64, 256, 1, 2)
+    sw = consts["SW"]
+    wl = gl.NVMMASharedLayout.get_default_for([64, sw], gl.int32)
+    xl = gl.NVMMASharedLayout.get_default_for([16, sw], gl.bfloat16)
+    descs = {"c_desc": f"tensordesc<i32[64, {sw}],{wl!r}>",
+             "a_desc": f"tensordesc<i32[64, {sw}],{wl!r}>",
+             "x_desc": f"tensordesc<bf16[16, {sw}],{xl!r}>"}
+    names = inspect.signature(mod.w12_wgmma_kernel.fn).parameters
+    sig = {a: "constexpr" if a in consts else descs.get(a) or POINTERS.get(a, "i32")
+           for a in names}
+    k = triton.compile(GluonASTSource(fn=mod.w12_wgmma_kernel, signature=sig, constexprs=consts),
+                       target=TARGET, options={"num_warps": 4, "maxnreg": mod.MAXNREG})
+    return k.asm["ptx"]
+
+
+@pytest.mark.slow
+def test_ring_copies_take_away_what_they_say():
+    """The ring copies of `w12_wgmma.py` (twenty-fourth run), compiled for sm_90: the shipped
+    kernel's 16 wgmma and 11 TMA copies a step (3 word tiles, 8 x slices); `ring` keeps the
+    copies and drops every wgmma and shared read, `words` also drops the 8 x copies, `l2`
+    keeps both, and `words_r64` hands its consumers 104 registers instead of 232 (4 programs
+    an SM instead of 2)."""
+    from specpilot.kernels import w12_wgmma
+
+    def counts(ptx):
+        return (ptx.count("wgmma.mma_async"), ptx.count("cp.async.bulk.tensor"),
+                ptx.count("ld.shared"), sorted(set(re.findall(r"setmaxnreg\.inc\S*\s+(\d+)",
+                                                              ptx))))
+
+    shipped = counts(_compile_wgmma(w12_wgmma))
+    assert shipped[:2] == (16, 11) and shipped[2] > 0 and "232" in shipped[3]
+    got = {v: counts(_compile_wgmma(patched_module("ring", v)))
+           for v in ("ring", "words", "l2", "words_r64")}
+    assert got["l2"] == shipped
+    assert got["ring"][:2] == (0, 11) and got["words"][:2] == (0, 3)
+    assert got["ring"][2] < shipped[2]  # the consumers' word reads are gone
+    assert "104" in got["words_r64"][3] and "232" not in got["words_r64"][3]
