@@ -61,15 +61,9 @@ def _word_load(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr):
 def _mma_step(ws, x_s, s, acc):
     """The 8 decoded tiles of a step against its 8 x slices of stage s (async); waited for
     with the tiles kept live, so their registers outlast the MMAs that read them."""
-    w0, w1, w2, w3, w4, w5, w6, w7 = ws
-    acc = warpgroup_mma(w0, x_s.index(s * 8).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w1, x_s.index(s * 8 + 1).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w2, x_s.index(s * 8 + 2).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w3, x_s.index(s * 8 + 3).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w4, x_s.index(s * 8 + 4).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w5, x_s.index(s * 8 + 5).permute((1, 0)), acc, is_async=True)
-    acc = warpgroup_mma(w6, x_s.index(s * 8 + 6).permute((1, 0)), acc, is_async=True)
-    return warpgroup_mma(w7, x_s.index(s * 8 + 7).permute((1, 0)), acc, is_async=True)
+    for i in gl.static_range(8):
+        acc = warpgroup_mma(ws[i], x_s.index(s * 8 + i).permute((1, 0)), acc, is_async=True)
+    return acc
 
 
 @gluon.jit
