@@ -101,7 +101,7 @@ _MATH = ("        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_
 _XCOPY = ("        colb = w + 7 * (w // GW) * GW\n", "x_s.index(s * 8 + i))\n")
 _XBYTES = ("3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes",
            "3 * c_desc.block_type.nbytes")
-_STEP = ("        w = w_lo + t * SW\n", "        w = w_lo + 0 * t\n")
+_STEP = ("        w = w_lo + t * SW\n", "        w = w_lo\n")
 _XROW = ("    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2",
          "    x_off = gl.expand_dims(ma, 0) * 0 + jx2")
 # the unmasked word loads of w12_gluon._words, each replaced by a hinted one

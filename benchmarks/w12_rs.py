@@ -35,7 +35,14 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from specpilot.kernels.splitk import workspace
 from specpilot.kernels.w12 import W12Weight
-from specpilot.kernels.w12_gluon import _barrier, _decode, _epilogue, _program_ids, _rows
+from specpilot.kernels.w12_gluon import (
+    _barrier,
+    _decode,
+    _epilogue,
+    _program_ids,
+    _rows,
+    _words,
+)
 from specpilot.kernels.w12_triton import split_words
 
 
@@ -51,10 +58,8 @@ def _x_copy(x_desc, x_s, ready, s, w, m0, GW: gl.constexpr):
 
 @gluon.jit
 def _word_load(c_ptr, a_ptr, c_off, a_off, w, GW: gl.constexpr):
-    wa = w + (w // GW) * GW
-    return (gl.load(c_ptr + c_off + w, eviction_policy="evict_first"),
-            gl.load(a_ptr + a_off + wa, eviction_policy="evict_first"),
-            gl.load(a_ptr + a_off + wa + GW, eviction_policy="evict_first"))
+    """Step w's word tiles, unmasked (aligned shapes only): the register kernel's loads."""
+    return _words(c_ptr, a_ptr, c_off, a_off, w, GW, 0, 0, 1)
 
 
 @gluon.jit
