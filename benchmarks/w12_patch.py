@@ -65,7 +65,10 @@ by part: `ring` (the consumers only wait for each stage and release it: no share
 decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the words alone),
 `l2` (every step re-reads its split's first step: the same copies and math, fed from L2),
 `words_r64` and `words_r80` (`words` under a launch register cap of 64 or 80 instead of
-128: 4 or 3 programs an SM instead of 2).
+128: 4 or 3 programs an SM instead of 2); `tiled` and `tiled_words` (the kernel, and `words`,
+with each word tile copied as one contiguous 8 KB box, as a tile-major storage layout would
+hold it: what such a format could stream), `floor` (the producer fills the ring once and the
+consumers re-read it: the consumers' own time).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
@@ -94,7 +97,8 @@ TL_HINTS = {"none": 'eviction_policy=""', "cg": 'cache_modifier=".cg"'}  # (.cs:
 X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
-RING = ("ring", "words", "l2", "words_r64", "words_r80")  # timing only: wrong products
+RING = ("ring", "words", "l2", "words_r64", "words_r80",  # timing only: wrong products
+        "tiled", "tiled_words", "floor")
 # w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
 _MATH = ("        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w),\n",
          "acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]\n")
@@ -102,6 +106,37 @@ _XCOPY = ("        colb = w + 7 * (w // GW) * GW\n", "x_s.index(s * 8 + i))\n")
 _XBYTES = ("3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes",
            "3 * c_desc.block_type.nbytes")
 _STEP = ("        w = w_lo + t * SW\n", "        w = w_lo\n")
+# tiled: each (64-row tile, step) word tile read as one contiguous 8 KB box (the words viewed
+# as rows of SW words, the tile's box at row n0 * KW / SW + t * BN of the codes, twice that
+# of A), as a tile-major storage layout would hold them
+_COPIES = """\
+        tma.async_copy_global_to_shared(c_desc, [n0, w], bar, c_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [n0, wa], bar, a0_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [n0, wa + GW], bar, a1_s.index(s))
+"""
+_TILED_COPIES = """\
+        tma.async_copy_global_to_shared(c_desc, [n0 + (w // SW) * BN, 0], bar, c_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [2 * n0 + (wa // SW) * BN, 0], bar,
+                                        a0_s.index(s))
+        tma.async_copy_global_to_shared(a_desc, [2 * n0 + ((wa + GW) // SW) * BN, 0], bar,
+                                        a1_s.index(s))
+"""
+_TILED = (
+    (_COPIES, _TILED_COPIES),
+    ("GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr):",
+     "GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr,\n             BN: gl.constexpr):"),
+    ("n0, pid_m * BM, GW, SW, STAGES)),", "n0 * (KW // SW), pid_m * BM, GW, SW, STAGES, BN)),"),
+    ("w.codes.view(torch.int32).view(w.n, kw)", "w.codes.view(torch.int32).view(-1, sw)"),
+    ("w.a.view(torch.int32).view(w.n, 2 * kw)", "w.a.view(torch.int32).view(-1, sw)"),
+)
+# floor: the producer fills the ring once and the consumers wait only for that fill, then
+# re-read its stages: the consumers' own time (shared reads, decode, MMAs, epilogue)
+_FLOOR = (
+    ("    for t in range(nsteps):\n        s = t % STAGES\n        mbarrier.wait(empty",
+     "    for t in range(gl.minimum(nsteps, STAGES)):\n        s = t % STAGES\n        mbarrier.wait(empty"),
+    ("        mbarrier.wait(ready.index(s), (t // STAGES) & 1)\n",
+     "        if t < STAGES:\n            mbarrier.wait(ready.index(s), 0)\n"),
+)
 _XROW = ("    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2",
          "    x_off = gl.expand_dims(ma, 0) * 0 + jx2")
 # the unmasked word loads of w12_gluon._words, each replaced by a hinted one
@@ -223,8 +258,17 @@ def _ring_source(src: str, variant: str) -> str:
     """`w12_wgmma.py`'s source with the work of `variant` (RING) taken away."""
     if variant == "l2":
         return _replace(src, *_STEP)
+    if variant == "floor":
+        for old, new in _FLOOR:
+            src = _replace(src, old, new)
+        return src
+    if variant.startswith("tiled"):
+        for old, new in _TILED:
+            src = _replace(src, old, new)
+        if variant == "tiled":
+            return src
     src = _cut(src, *_MATH)
-    if variant.startswith("words"):
+    if variant.startswith("words") or variant == "tiled_words":
         src = _replace(_cut(src, *_XCOPY), *_XBYTES)
     if variant.startswith("words_r"):
         src = _replace(src, "MAXNREG = 128", "MAXNREG = " + variant[len("words_r"):])

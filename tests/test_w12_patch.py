@@ -150,7 +150,8 @@ def test_ring_copies_take_away_what_they_say():
     kernel's 16 wgmma and 11 TMA copies a step (3 word tiles, 8 x slices); `ring` keeps the
     copies and drops every wgmma and shared read, `words` also drops the 8 x copies, `l2`
     keeps both, and `words_r64` hands its consumers 104 registers instead of 232 (4 programs
-    an SM instead of 2)."""
+    an SM instead of 2); `tiled`, `tiled_words` and `floor` keep what the kernel and `words`
+    hold (they move the copies' boxes, or stop the copies after the first fill)."""
     from specpilot.kernels import w12_wgmma
 
     def counts(ptx):
@@ -161,8 +162,21 @@ def test_ring_copies_take_away_what_they_say():
     shipped = counts(_compile_wgmma(w12_wgmma))
     assert shipped[:2] == (16, 11) and shipped[2] > 0 and "232" in shipped[3]
     got = {v: counts(_compile_wgmma(patched_module("ring", v)))
-           for v in ("ring", "words", "l2", "words_r64")}
-    assert got["l2"] == shipped
+           for v in ("ring", "words", "l2", "words_r64", "tiled", "tiled_words", "floor")}
+    assert got["l2"] == shipped == got["tiled"] == got["floor"]
+    assert got["tiled_words"] == got["words"]
     assert got["ring"][:2] == (0, 11) and got["words"][:2] == (0, 3)
     assert got["ring"][2] < shipped[2]  # the consumers' word reads are gone
     assert "104" in got["words_r64"][3] and "232" not in got["words_r64"][3]
+
+
+def test_tiled_and_floor_copies_patch_the_copies_they_say():
+    """The source behind the tiled and floor probes: tiled copies each word tile from one
+    contiguous run (rows of SW words, box rows n0 * KW / SW + t * BN), and the floor's
+    producer stops after one fill of the ring that its consumers then re-read."""
+    tiled = inspect.getsource(patched_module("ring", "tiled"))
+    assert "[n0 + (w // SW) * BN, 0]" in tiled and "[n0, w]" not in tiled
+    assert "view(-1, sw)" in tiled and "view(w.n, kw)" not in tiled
+    floor = inspect.getsource(patched_module("ring", "floor"))
+    assert "range(gl.minimum(nsteps, STAGES))" in floor
+    assert "if t < STAGES:" in floor
