@@ -4,7 +4,7 @@ Triton one, `w12_triton.py`, for tl_hint), each timed against the shipped pick o
 timed beside the shipped pick).
 
     PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit|tl_hint|ring]
-        [--shapes ...] [--batches 4,8,16] [--variants ...]
+        [--shapes ...] [--batches 4,8,16] [--variants ...] [--no-escapes]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
 own module, launched with the pick's config; every variant is checked against the fp32
@@ -384,6 +384,23 @@ def _configs(mods: dict, bm8: bool, hint: bool):
     return configs
 
 
+def _without_escapes() -> None:
+    """Make the benchmark's weights escape-free (`w12_escapes.no_escapes`) for this process:
+    `w12_ksplit.bench_shape` takes them from `w12_bench.w12_copies` when it runs."""
+    import benchmarks.w12_bench as bench
+    from benchmarks.w12_escapes import no_escapes
+    from specpilot.kernels import w12 as fmt
+
+    copies = bench.w12_copies
+
+    def escape_free(name: str, seed: int = 1):
+        _, packed, rot = copies(name, seed)
+        packed = no_escapes(packed)
+        return fmt.unpack(packed), packed, [no_escapes(p) for p in rot]
+
+    bench.w12_copies = escape_free
+
+
 def main() -> None:
     from benchmarks.w12_bench import SHAPES
     from benchmarks.w12_ksplit import run_shapes
@@ -395,7 +412,13 @@ def main() -> None:
     ap.add_argument("--batches", default="4,8,16")
     ap.add_argument("--variants", default="", help="default: every variant of the kind")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
+    ap.add_argument("--no-escapes", action="store_true",
+                    help="every config on the same weights with an empty escape table (the "
+                         "escapes decode as their placeholder, the reference is that weight): "
+                         "what each costs without its escape correction")
     args = ap.parse_args()
+    if args.no_escapes:
+        _without_escapes()
     known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT,
              "tl_hint": TL_HINTS, "ring": RING}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)

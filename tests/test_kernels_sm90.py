@@ -58,6 +58,8 @@ def _w12_builds():
         kp = -(-k // 128) * 128
         for b in BUCKETS:
             for cfg in w12_triton.w12_candidates(b):
+                if cfg.variant & w12_triton.WGMMA:  # built by test_wgmma_kernel_compiles...
+                    continue
                 if cfg.variant & w12_triton.SK:
                     consts = w12_gluon.sk_constants(
                         k, kp, group_words(kp), cfg.bm, cfg.bn, cfg.bk, cfg.warps, cfg.stages,
@@ -113,11 +115,19 @@ def test_every_tuning_config_compiles_for_sm90(builds):
     assert not failed, "\n".join(failed)
 
 
+_WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages)
+                      for b in BUCKETS for c in w12_triton.w12_candidates(b)
+                      if c.variant & w12_triton.WGMMA})
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("bm,bn,bk,split,stages", [(8, 64, 256, 1, 2), (32, 128, 128, 3, 4)])
+@pytest.mark.parametrize("bm,bn,bk,split,stages",
+                         [(8, 64, 256, 1, 2), (32, 128, 128, 3, 4)] + _WGMMA_GRID)
 def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
-    """The warp-specialized TMA + wgmma W12 kernel (explore-only) builds for sm_90: its
-    tensor descriptors are typed by their block shape and shared layout."""
+    """The warp-specialized TMA + wgmma W12 kernel builds for sm_90, every config of the
+    tuning grid among them: its tensor descriptors are typed by their block shape and
+    shared layout; its escape correction (`_esc_rows`) runs before its main loop and the
+    epilogue takes no escape chunk of its own."""
     from triton.experimental.gluon import language as gl
 
     _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages)
@@ -138,3 +148,5 @@ def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
     assert "cp.async.bulk.tensor.2d" in ptx and "wgmma.mma_async" in ptx
     assert "setmaxnreg" in ptx  # the producer warp gives its registers to the consumers
     assert f"m64n{bm}k16" in ptx
+    assert ptx.index("ld.global") < ptx.index("wgmma.mma_async")  # escapes first
+    assert len(_WGMMA_GRID) >= 8  # the grid holds the kernel at both batch buckets

@@ -390,15 +390,54 @@ def _esc_add(out, t, xv, n3, ph3, ECH: gl.constexpr, WARPS: gl.constexpr):
 
 
 @gluon.jit
+def _esc_rows(x_ptr, base_ptr, rowptr_ptr, ecol_ptr, ebits_ptr, M, N, stride_xm, n0, pid_m,
+              pid_k, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
+              WARPS: gl.constexpr, U: gl.constexpr):
+    """[BM, BN] escape correction (x * value - x * placeholder, `_esc_add`'s terms) of split
+    pid_k's share of the tile's escapes, row-parallel: each weight row's escapes are its own
+    CSR range, escape p of a row goes to split p % SPLIT_K, and each thread walks one row, U
+    escapes at a time, loading their columns and values for every row at once and then the x
+    values at those columns: two dependent round trips per U escapes of the tile's fullest
+    row (a row holds a few: K x 1.8e-4 on LLM-like weights), where `_epilogue`'s chunks take
+    two per ECH escapes of the whole tile. No shared memory, no barrier: callable in a
+    warp-specialized partition, before its main loop."""
+    l3: gl.constexpr = gl.BlockedLayout([BM // 2, 1, U], [2, 16, 1], [1, WARPS, 1], [2, 0, 1])
+    le: gl.constexpr = gl.SliceLayout(2, l3)  # [BM, BN]
+    lt: gl.constexpr = gl.SliceLayout(0, l3)  # [BN, U]
+    n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, lt))
+    nr = gl.minimum(n, N - 1)  # rows past N: no escapes (never stored)
+    e_lo = gl.load(rowptr_ptr + nr)
+    e_hi = gl.where(n < N, gl.load(rowptr_ptr + nr + 1), e_lo)
+    ph = (gl.load(base_ptr + nr).to(gl.int32) << 23).to(gl.float32, bitcast=True)
+    ph3 = gl.expand_dims(gl.expand_dims(ph, 1), 0)  # [1, BN, 1]
+    u = gl.expand_dims(gl.arange(0, U, layout=gl.SliceLayout(0, lt)), 0)  # [1, U]
+    m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, le))
+    xrow = gl.expand_dims(gl.expand_dims(x_ptr + m * stride_xm, 1), 2)  # [BM, 1, 1]
+    mm = gl.expand_dims(gl.expand_dims(m < M, 1), 2)
+    esc = gl.zeros([BM, BN], gl.float32, le)
+    most = gl.max(e_hi - e_lo, axis=0)
+    for p0 in range(pid_k, most, U * SPLIT_K):
+        j = gl.expand_dims(e_lo, 1) + p0 + u * SPLIT_K  # [BN, U]
+        ok = j < gl.expand_dims(e_hi, 1)
+        col = gl.expand_dims(gl.load(ecol_ptr + j, mask=ok, other=0), 0)
+        v = gl.expand_dims((gl.load(ebits_ptr + j, mask=ok, other=0).to(gl.int32) << 16).to(
+            gl.float32, bitcast=True), 0)
+        x3 = gl.load(xrow + col, mask=mm & gl.expand_dims(ok, 0), other=0.0).to(gl.float32)
+        esc += gl.sum(x3 * v - x3 * ph3, axis=2)
+    return esc
+
+
+@gluon.jit
 def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M,
               N, stride_xm, stride_ym, n0, pid_m, pid_k, tile, BM: gl.constexpr,
               BN: gl.constexpr, nsplit, slots, ECH: gl.constexpr, WARPS: gl.constexpr,
-              FIRST: gl.constexpr):
+              FIRST: gl.constexpr, EARLY: gl.constexpr = False):
     """y tile [BM, BN] from split pid_k's accumulator acc [BN, BM] (any layout) of the
     tile's nsplit splits, in a blocked layout: row scale 2^(base - E0) (bases and escape range
     `rows` from `_rows`), this split's escape chunks (chunk c of the tile's escape list is
     done by split c % nsplit; with FIRST the first one's table t and x values xe loaded by the
-    caller), then the split-K reduction (`splitk.py`'s protocol; the tile's partials in slots
+    caller; with EARLY, t is instead the split's whole correction from `_esc_rows`), then the
+    split-K reduction (`splitk.py`'s protocol; the tile's partials in slots
     tile * slots + 0 .. nsplit - 1, summed in that order) and the store. nsplit and slots
     are constexprs (SPLIT_K) or, in the stream-K kernel, run-time values."""
     l2: gl.constexpr = gl.SliceLayout(2, _l3(ECH, WARPS))
@@ -412,14 +451,17 @@ def _epilogue(acc, rows, t, xe, x_ptr, erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_
     out = out * gl.expand_dims(scale, 0)
     n3 = gl.expand_dims(gl.expand_dims(offs_n, 0), 2)  # [1, BN, 1]
     ph3 = gl.expand_dims(gl.expand_dims(ph, 0), 2)
-    e_next = rows[1] + pid_k * ECH
-    if FIRST:
-        out = _esc_add(out, t, xe, n3, ph3, ECH, WARPS)
-        e_next += nsplit * ECH
-    for e0 in range(e_next, hi, nsplit * ECH):
-        tc = _esc_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH, WARPS, FIRST)
-        out = _esc_add(out, tc, _esc_x(tc, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS, FIRST),
-                       n3, ph3, ECH, WARPS)
+    if EARLY:
+        out += gl.convert_layout(t, l2)
+    else:
+        e_next = rows[1] + pid_k * ECH
+        if FIRST:
+            out = _esc_add(out, t, xe, n3, ph3, ECH, WARPS)
+            e_next += nsplit * ECH
+        for e0 in range(e_next, hi, nsplit * ECH):
+            tc = _esc_table(e0, hi, erow_ptr, ecol_ptr, ebits_ptr, ECH, WARPS, FIRST)
+            out = _esc_add(out, tc, _esc_x(tc, x_ptr, stride_xm, M, pid_m, BM, ECH, WARPS,
+                                           FIRST), n3, ph3, ECH, WARPS)
 
     loc = gl.expand_dims(gl.arange(0, BM, layout=gl.SliceLayout(1, l2)), 1) * BN + \
         gl.expand_dims(gl.arange(0, BN, layout=gl.SliceLayout(0, l2)), 0)

@@ -31,9 +31,8 @@ of done in the first step, bit 6 (`GLUON`) = the Gluon kernel of `w12_gluon.py` 
 straight from global memory into MMA registers; bm 8 or 16, `stages` = steps prefetched,
 CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
 stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
-the TMA + wgmma kernel of `w12_wgmma.py` (explored by `w12_bench.py --explore`, not in the
-engine's grid: slower so far; bm 8/16/32, bn 64 or 128 weight rows, `stages` =
-shared-memory ring steps). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used,
+the TMA + wgmma kernel of `w12_wgmma.py` (in the grid at batch 9-32, with 16 or 32 rows of x;
+bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring steps). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used,
 activations/outputs are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot
 run PTX.
 """
@@ -586,6 +585,10 @@ def w12_linear_kernel(
 # 132 SMs x 8 one-warp programs once (one wave, no tail)
 GLUON_GRID = [(16, 1, 1, 1), (16, 2, 1, 1), (16, 3, 1, 1), (16, 4, 1, 1), (16, 1, 1, 2),
               (16, 2, 1, 2), (32, 2, 2, 1), (64, 4, 4, 1)]
+# (bn, split_k, stages) of the TMA + wgmma kernel's configs at batch 9-32 (256-column steps):
+# one consumer warpgroup of 64 weight rows (two programs an SM at a 2-step ring) or two of
+# 128 (docs/BENCHMARKS.md, twenty-fifth run)
+WGMMA_GRID = [(64, 1, 2), (64, 1, 3), (64, 2, 2), (64, 2, 3), (128, 1, 2)]
 
 
 def w12_candidates(b: int) -> list[KernelConfig]:
@@ -649,6 +652,9 @@ def w12_candidates(b: int) -> list[KernelConfig]:
         # faster on 5 of 6 shapes at batch 16: docs/BENCHMARKS.md twenty-first run)
         cfgs += [replace(c, variant=c.variant | L1EF) for c in cfgs
                  if c.variant & GLUON]
+        # the TMA + wgmma kernel, its escapes corrected row-parallel before its main loop
+        cfgs += [K(bm=16 if b <= 16 else 32, bn=bn, bk=256, split_k=s, warps=bn // 16,
+                   stages=p, dot=True, variant=WGMMA) for bn, s, p in WGMMA_GRID]
     return cfgs
 
 

@@ -10,10 +10,14 @@ never issue a copy. The consumers, one warpgroup per 64 weight rows, read a step
 the decode (`w12_gluon._decode`) writes the 8 bf16 tiles there, and each multiplies its x
 slice [BM, SW] read by the wgmma straight from shared memory (a transposed view: y^T = W
 x^T, batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
-words past KW, x columns past K), so no load is masked. Escapes, the row scale and split-K
-go through the register kernel's epilogue, run by the consumers. Explore-only: slower than
-the register kernel at batch 8 and 16, faster at 32 on some shapes, slower than bf16 there
-(docs/BENCHMARKS.md, ninth run).
+words past KW, x columns past K), so no load is masked. The consumers correct the escapes
+first, while the producer fills the ring: row-parallel (`w12_gluon._esc_rows`: a thread per
+weight row walks that row's escapes a few at a time, two dependent round trips per few
+escapes of the fullest row), kept in registers through the loop and added by the register
+kernel's epilogue (row scale, split-K) after it. With the escapes left to the epilogue's
+chunks, as before, this kernel spent most of its batch-32 time there (a whole tile's escapes
+in chunks of 4-8, two dependent round trips each: docs/BENCHMARKS.md, twenty-fifth run).
+In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .splitk import workspace
 from .w12 import W12Weight
-from .w12_gluon import _decode, _epilogue, _program_ids, _rows
+from .w12_gluon import _decode, _epilogue, _esc_rows, _program_ids, _rows
 from .w12_triton import split_words
 
 
@@ -68,6 +72,9 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+    # the split's escape correction first, while the producer fills the ring
+    esc = _esc_rows(x_ptr, base_ptr, rowptr_ptr, ecol_ptr, ebits_ptr, M, N, stride_xm, n0,
+                    pid_m, pid_k, BM, BN, SPLIT_K, WARPS, ESC_U)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     for t in range(nsteps):
         s = t % STAGES
@@ -86,9 +93,9 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
         acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
         fence_async_shared()  # this step's shared reads before the producer's next copy
         mbarrier.arrive(empty.index(s), count=1)
-    _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), 0, 0, x_ptr, erow_ptr,
+    _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), esc, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
-              pid_k, tile, BM, BN, SPLIT_K, SPLIT_K, ECH, WARPS, False)
+              pid_k, tile, BM, BN, SPLIT_K, SPLIT_K, ECH, WARPS, False, True)
 
 
 @gluon.jit
@@ -119,6 +126,9 @@ def w12_wgmma_kernel(
                     n0, pid_m * BM, GW, SW, STAGES)),
     ], [1], [24])
 
+
+# escapes a row's thread takes at a time in the consumers' escape correction (`_esc_rows`)
+ESC_U = gl.constexpr(4)
 
 # Registers a thread at launch, so that two programs (a consumer warpgroup of 64 rows + the
 # producer's warpgroup) share an SM; the consumers take 232 back from the producer's 24.
@@ -152,6 +162,8 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     m, k = x.shape
     if k % 8:
         raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
+    if x.data_ptr() % 16 or x.stride(0) % 8:  # TMA reads 16-byte aligned rows only
+        x = x.clone(memory_format=torch.contiguous_format)
     kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages)
     sw = consts["SW"]
     kw = w.kp // 8
