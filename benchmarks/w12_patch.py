@@ -58,7 +58,7 @@ tensor-core picks) without their evict-first policy: `none` (no cache hint) and 
 (`.cg`: cached in L2 only). The loop pipelined through shared memory (`PIPE`) copies words
 with cp.async, which takes no policy; `cg` makes those copies skip L1 too.
 
---kind ring: timing only, wrong products. What bounds the explore-only TMA + wgmma kernel
+--kind ring: timing only, wrong products. What bounds the TMA + wgmma kernel
 (`w12_wgmma.py`) at batch 16-32: its configs (64 weight rows, 256-column steps, rings of 2-3,
 1-2 splits) launched from the shipped module and from copies with its work taken away part
 by part: `ring` (the consumers only wait for each stage and release it: no shared reads,

@@ -395,11 +395,11 @@ def _esc_rows(x_ptr, base_ptr, rowptr_ptr, ecol_ptr, ebits_ptr, M, N, stride_xm,
               WARPS: gl.constexpr, U: gl.constexpr):
     """[BM, BN] escape correction (x * value - x * placeholder, `_esc_add`'s terms) of split
     pid_k's share of the tile's escapes, row-parallel: each weight row's escapes are its own
-    CSR range, escape p of a row goes to split p % SPLIT_K, and each thread walks one row, U
-    escapes at a time, loading their columns and values for every row at once and then the x
-    values at those columns: two dependent round trips per U escapes of the tile's fullest
-    row (a row holds a few: K x 1.8e-4 on LLM-like weights), where `_epilogue`'s chunks take
-    two per ECH escapes of the whole tile. No shared memory, no barrier: callable in a
+    CSR range, escape p of a row goes to split p % SPLIT_K, and two threads walk each row (half
+    the rows of x each), U escapes at a time, loading their columns and values for every row
+    at once and then the x values at those columns: two dependent round trips per U escapes
+    of the tile's fullest row (a row holds a few: about K x 1e-4 on the benchmark's LLM-like
+    weights), where `_epilogue`'s chunks take two per ECH escapes of the whole tile. No shared memory, no barrier: callable in a
     warp-specialized partition, before its main loop."""
     l3: gl.constexpr = gl.BlockedLayout([BM // 2, 1, U], [2, 16, 1], [1, WARPS, 1], [2, 0, 1])
     le: gl.constexpr = gl.SliceLayout(2, l3)  # [BM, BN]

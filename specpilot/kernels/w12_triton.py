@@ -32,9 +32,9 @@ straight from global memory into MMA registers; bm 8 or 16, `stages` = steps pre
 CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
 stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
 the TMA + wgmma kernel of `w12_wgmma.py` (in the grid at batch 9-32, with 16 or 32 rows of x;
-bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring steps). Under TRITON_INTERPRET=1 (CPU tests) the plain decode is used,
-activations/outputs are fp32 and `f32_dot=True`: the interpreter mishandles bf16 and cannot
-run PTX.
+bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring steps). Under
+TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs are fp32 and
+`f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
 
 from __future__ import annotations

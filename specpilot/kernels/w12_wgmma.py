@@ -15,8 +15,9 @@ first, while the producer fills the ring: row-parallel (`w12_gluon._esc_rows`: a
 weight row walks that row's escapes a few at a time, two dependent round trips per few
 escapes of the fullest row), kept in registers through the loop and added by the register
 kernel's epilogue (row scale, split-K) after it. With the escapes left to the epilogue's
-chunks, as before, this kernel spent most of its batch-32 time there (a whole tile's escapes
-in chunks of 4-8, two dependent round trips each: docs/BENCHMARKS.md, twenty-fifth run).
+chunks, as before, this kernel spent 34-43% of its batch-32 time there (a whole tile's
+escapes in chunks of 4-8, two dependent round trips each: docs/BENCHMARKS.md, twenty-fifth
+run).
 In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
