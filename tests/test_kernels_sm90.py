@@ -126,8 +126,8 @@ _WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages)
 def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
     """The warp-specialized TMA + wgmma W12 kernel builds for sm_90, every config of the
     tuning grid among them: its tensor descriptors are typed by their block shape and
-    shared layout; its escape correction (`_esc_rows`) runs before its main loop and the
-    epilogue takes no escape chunk of its own."""
+    shared layout; its escape correction (`_esc_rows`, global loads) comes before its main
+    loop's MMAs."""
     from triton.experimental.gluon import language as gl
 
     _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages)

@@ -251,8 +251,8 @@ def test_stream_k_kernel_sums_pieces_in_order(n, k):
 
 @pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
 def test_wgmma_kernel_matches_reference(n, k):
-    """The warp-specialized TMA + wgmma kernel (explored by `w12_bench.py --explore`, not in
-    the engine's grid): ragged N and K (TMA zero-fills past the ends), split-K (5 splits of
+    """The warp-specialized TMA + wgmma kernel (the tuning grid's batch 9-32 configs are
+    checked in test_fused_kernels_match_reference): ragged N and K (TMA zero-fills past the ends), split-K (5 splits of
     4096 columns leave one without a step: dropped), rings of 2-4 steps, escapes (row 5 holds
     one every 37 columns: more than one round of the row-parallel correction, `_esc_rows`,
     in every split); a weight too narrow for its step is refused with a clear error."""
