@@ -167,16 +167,24 @@ def _configs(x, y, packed, ship, b: int) -> list[tuple[str, object]]:
 
 
 def bench_shape(name: str, batches: list[int], reps: int, table, configs=None,
-                timing_only: tuple[str, ...] = ()) -> list[dict]:
+                timing_only: tuple[str, ...] = (), escape_free: bool = False) -> list[dict]:
     """Every config of `configs` (default `_configs`: (label, call on a W12 weight) pairs,
     the shipped pick first) checked, then timed alternating `reps` times (so drift hits every
     config alike); rows sorted fastest first per batch. Configs whose label's first word is
     in `timing_only` compute wrong products on purpose: they are only checked to write every
-    element."""
+    element. With `escape_free`, every config runs on the same weights with an empty escape
+    table (`w12_escapes.no_escapes`: the escapes decode as their placeholder), checked
+    against that weight."""
     from benchmarks.w12_bench import w12_copies
     from specpilot.kernels.tuning import graph_timer
 
     w, packed, copies = w12_copies(name, seed=sum(map(ord, name)))
+    if escape_free:
+        from benchmarks.w12_escapes import no_escapes
+        from specpilot.kernels.w12 import unpack
+
+        packed, copies = no_escapes(packed), [no_escapes(c) for c in copies]
+        w = unpack(packed)
     ref_w = w.float()
     it = {"i": 0}
 
@@ -221,16 +229,16 @@ def bench_shape(name: str, batches: list[int], reps: int, table, configs=None,
 
 
 def run_shapes(shapes: str, batches: str, reps: int, configs, out_name: str,
-               timing_only: tuple[str, ...] = ()) -> None:
-    """`bench_shape` with `configs` (and `timing_only`) on each of the comma-separated
-    shapes and batches, the shipped table's picks first; all rows to $OUT/out_name."""
+               timing_only: tuple[str, ...] = (), escape_free: bool = False) -> None:
+    """`bench_shape` with `configs` (`timing_only`, `escape_free`) on each of the
+    comma-separated shapes and batches, the shipped table's picks first; all rows to $OUT/out_name."""
     from specpilot.kernels.tuning import load_table
 
     table = load_table(torch.cuda.get_device_name())
     rows = []
     for name in shapes.split(","):
         rows += bench_shape(name, [int(b) for b in batches.split(",")], reps, table, configs,
-                            timing_only)
+                            timing_only, escape_free)
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "."), out_name), "w") as f:
         json.dump(rows, f, indent=1)

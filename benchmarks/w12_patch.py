@@ -384,23 +384,6 @@ def _configs(mods: dict, bm8: bool, hint: bool):
     return configs
 
 
-def _without_escapes() -> None:
-    """Make the benchmark's weights escape-free (`w12_escapes.no_escapes`) for this process:
-    `w12_ksplit.bench_shape` takes them from `w12_bench.w12_copies` when it runs."""
-    import benchmarks.w12_bench as bench
-    from benchmarks.w12_escapes import no_escapes
-    from specpilot.kernels import w12 as fmt
-
-    copies = bench.w12_copies
-
-    def escape_free(name: str, seed: int = 1):
-        _, packed, rot = copies(name, seed)
-        packed = no_escapes(packed)
-        return fmt.unpack(packed), packed, [no_escapes(p) for p in rot]
-
-    bench.w12_copies = escape_free
-
-
 def main() -> None:
     from benchmarks.w12_bench import SHAPES
     from benchmarks.w12_ksplit import run_shapes
@@ -417,8 +400,6 @@ def main() -> None:
                          "escapes decode as their placeholder, the reference is that weight): "
                          "what each costs without its escape correction")
     args = ap.parse_args()
-    if args.no_escapes:
-        _without_escapes()
     known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT,
              "tl_hint": TL_HINTS, "ring": RING}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
@@ -432,7 +413,7 @@ def main() -> None:
     else:
         configs = _configs(mods, args.kind in ("x32", "pairs"), args.kind == "hint")
     run_shapes(args.shapes, args.batches, args.reps, configs, f"w12_patch_{args.kind}.json",
-               {"pairs": PAIRS, "xhit": XHIT, "ring": RING}.get(args.kind, ()))
+               {"pairs": PAIRS, "xhit": XHIT, "ring": RING}.get(args.kind, ()), args.no_escapes)
 
 
 if __name__ == "__main__":
