@@ -69,6 +69,11 @@ decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the w
 with each word tile copied as one contiguous 8 KB box, as a tile-major storage layout would
 hold it: what such a format could stream), `floor` (the producer fills the ring once and the
 consumers re-read it: the consumers' own time).
+Two more ring variants compute the real products (checked against the fp32 reference): the
+shipped kernel with its escape correction scheduled otherwise: `early` (all of it before the
+main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
+steps instead of ESC_R's one) and `terms_late` (the round's x values held in registers through
+the main loop and used after it, so that their loads may take the whole loop).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
@@ -99,8 +104,9 @@ PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
 RING = ("ring", "words", "l2", "words_r64", "words_r80",  # timing only: wrong products
         "tiled", "tiled_words", "floor")
+RING_EXACT = ("early", "esc_r2", "terms_late")  # the shipped kernel's escape correction scheduled otherwise
 # w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
-_MATH = ("        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w),\n",
+_MATH = ("    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w), a0_s.index(s)",
          "acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]\n")
 _XCOPY = ("        colb = w + 7 * (w // GW) * GW\n", "x_s.index(s * 8 + i))\n")
 _XBYTES = ("3 * c_desc.block_type.nbytes + 8 * x_desc.block_type.nbytes",
@@ -129,13 +135,26 @@ _TILED = (
     ("w.codes.view(torch.int32).view(w.n, kw)", "w.codes.view(torch.int32).view(-1, sw)"),
     ("w.a.view(torch.int32).view(w.n, 2 * kw)", "w.a.view(torch.int32).view(-1, sw)"),
 )
+# early: the whole escape correction before the main loop (the twenty-fifth run's form);
+# esc_r2: two rounds in flight under the first 6 steps instead of ESC_R's one
+_ESC_R = "ESC_R = gl.constexpr(1)"
+_ESC_ZERO = "    esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))\n"
+_ESC_FIRST = """\
+    esc = _esc_rows(lo, hi, ph, pid_k, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m, BM, BN,
+                    SPLIT_K, WARPS, ESC_U)
+"""
+# terms_late: the round's x values held through the main loop, its terms summed after it
+_TERMS = "        esc += _esc_terms(x3, v, ph)\n"
+_LOOP_STEP = "        acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)\n"
+_ESC_REST = ("    # rows with more than ESC_R * ESC_U escapes in this split\n",
+             "stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)\n")
 # floor: the producer fills the ring once and the consumers wait only for that fill, then
 # re-read its stages: the consumers' own time (shared reads, decode, MMAs, epilogue)
 _FLOOR = (
     ("    for t in range(nsteps):\n        s = t % STAGES\n        mbarrier.wait(empty",
      "    for t in range(gl.minimum(nsteps, STAGES)):\n        s = t % STAGES\n        mbarrier.wait(empty"),
-    ("        mbarrier.wait(ready.index(s), (t // STAGES) & 1)\n",
-     "        if t < STAGES:\n            mbarrier.wait(ready.index(s), 0)\n"),
+    ("    mbarrier.wait(ready.index(s), (t // STAGES) & 1)\n",
+     "    if t < STAGES:\n        mbarrier.wait(ready.index(s), 0)\n"),
 )
 _XROW = ("    x_off = gl.expand_dims(ma, 0) * stride_xm + jx2",
          "    x_off = gl.expand_dims(ma, 0) * 0 + jx2")
@@ -255,9 +274,18 @@ def _cut(src: str, first: str, last: str) -> str:
 
 
 def _ring_source(src: str, variant: str) -> str:
-    """`w12_wgmma.py`'s source with the work of `variant` (RING) taken away."""
+    """`w12_wgmma.py`'s source with the work of `variant` (RING) taken away, or its escape
+    correction scheduled as `variant` (RING_EXACT) says."""
     if variant == "l2":
         return _replace(src, *_STEP)
+    if variant == "esc_r2":
+        return _replace(src, _ESC_R, "ESC_R = gl.constexpr(2)")
+    if variant == "terms_late":
+        src = _replace(src, _TERMS, "")
+        return _replace(src, _LOOP_STEP, _LOOP_STEP + "    esc += _esc_terms(x3, v, ph)\n")
+    if variant == "early":
+        src = _replace(_replace(src, _ESC_R, "ESC_R = gl.constexpr(0)"), _ESC_ZERO, _ESC_FIRST)
+        return _cut(src, *_ESC_REST)
     if variant == "floor":
         for old, new in _FLOOR:
             src = _replace(src, old, new)
@@ -401,7 +429,7 @@ def main() -> None:
                          "what each costs without its escape correction")
     args = ap.parse_args()
     known = {"hint": HINTS, "alu": ALU, "x32": X32, "pairs": PAIRS, "xhit": XHIT,
-             "tl_hint": TL_HINTS, "ring": RING}[args.kind]
+             "tl_hint": TL_HINTS, "ring": RING + RING_EXACT}[args.kind]
     variants = args.variants.split(",") if args.variants else list(known)
     bad = [v for v in variants if v not in known]
     if bad:

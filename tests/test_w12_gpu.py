@@ -249,6 +249,30 @@ def test_stream_k_kernel_sums_pieces_in_order(n, k):
             assert torch.equal(ys[0].view(torch.int16), ys[1].view(torch.int16)), cfg.label
 
 
+def test_wgmma_kernel_takes_x_views_tma_cannot_read():
+    """x rows TMA cannot read (a view starting 2 bytes into its storage, a row stride not a
+    multiple of 16 bytes) are copied first: the same products as from a contiguous x."""
+    from specpilot.kernels.w12_triton import w12_matmul
+
+    n, k = 1000, 1056
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.02).to(torch.bfloat16)
+    w[5, ::37] = 3e4
+    p = fmt.pack(w)
+    wide = torch.randn(16, k + 3, device="cuda", generator=g).to(torch.bfloat16)
+    for x in (wide[:, 1:k + 1], wide[:, :k], wide[1:, :k]):
+        assert x.data_ptr() % 16 or x.stride(0) % 8  # not a TMA-readable x
+        cfg = KernelConfig(bm=16, bn=64, bk=128, split_k=2, warps=4, stages=2, dot=True,
+                           variant=WGMMA)
+        y = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        w12_matmul(x, p, cfg, out=y)
+        want = torch.full_like(y, float("nan"))
+        w12_matmul(x.contiguous(), p, cfg, out=want)
+        assert torch.equal(y.view(torch.int16), want.view(torch.int16))
+        ref = x.float() @ w.float().T
+        assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
 def test_wgmma_kernel_matches_reference(n, k):
     """The warp-specialized TMA + wgmma kernel (the tuning grid's batch 9-32 configs are

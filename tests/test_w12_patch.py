@@ -147,7 +147,8 @@ def _compile_wgmma(mod):
 @pytest.mark.slow
 def test_ring_copies_take_away_what_they_say():
     """The ring copies of `w12_wgmma.py` (twenty-fourth run), compiled for sm_90: the shipped
-    kernel's 16 wgmma and 11 TMA copies a step (3 word tiles, 8 x slices); `ring` keeps the
+    kernel's 16 wgmma a step (its first 3 * ESC_R steps peeled, then the loop) and 11 TMA
+    copies a step (3 word tiles, 8 x slices); `ring` keeps the
     copies and drops every wgmma and shared read, `words` also drops the 8 x copies, `l2`
     keeps both, and `words_r64` hands its consumers 104 registers instead of 232 (4 programs
     an SM instead of 2); `tiled`, `tiled_words` and `floor` keep what the kernel and `words`
@@ -160,7 +161,8 @@ def test_ring_copies_take_away_what_they_say():
                                                               ptx))))
 
     shipped = counts(_compile_wgmma(w12_wgmma))
-    assert shipped[:2] == (16, 11) and shipped[2] > 0 and "232" in shipped[3]
+    peeled = 3 * w12_wgmma.ESC_R.value
+    assert shipped[:2] == (16 * (peeled + 1), 11) and shipped[2] > 0 and "232" in shipped[3]
     got = {v: counts(_compile_wgmma(patched_module("ring", v)))
            for v in ("ring", "words", "l2", "words_r64", "tiled", "tiled_words", "floor")}
     assert got["l2"] == shipped == got["tiled"] == got["floor"]
@@ -180,3 +182,36 @@ def test_tiled_and_floor_copies_patch_the_copies_they_say():
     floor = inspect.getsource(patched_module("ring", "floor"))
     assert "range(gl.minimum(nsteps, STAGES))" in floor
     assert "if t < STAGES:" in floor
+
+
+def _issue_order(ptx: str) -> str:
+    """The PTX's global loads (L) and wgmma steps (S, 16 wgmma) in program order."""
+    marks = ["L" if "ld.global" in line else "W" for line in ptx.splitlines()
+             if "ld.global" in line or "wgmma.mma_async" in line]
+    return re.sub("W{16}", "S", "".join(marks))
+
+
+@pytest.mark.slow
+def test_escape_schedules_issue_their_round_trips_where_they_say():
+    """The shipped kernel issues its escape correction's round trips between its first steps
+    (the row ranges before step 0, each round's columns and values after step 3r, its x
+    values after step 3r + 1), so each completes under a step; `early` issues every escape
+    load before the main loop (the twenty-fifth run's form, no step peeled) and `esc_r2`
+    peels 6 steps for two rounds."""
+    from specpilot.kernels import w12_wgmma
+
+    order = {"shipped": _issue_order(_compile_wgmma(w12_wgmma))}
+    for v in ("early", "esc_r2"):
+        order[v] = _issue_order(_compile_wgmma(patched_module("ring", v)))
+    rounds = w12_wgmma.ESC_R.value
+    assert order["shipped"].count("S") == 3 * rounds + 1
+    # ranges, step 0, a round's fetch, step 1, its x values, step 2 (16 rows of x: 32 loads)
+    assert re.match(r"L{3}SL{8}SL{32}S", order["shipped"]), order["shipped"][:80]
+    assert order["esc_r2"].count("S") == 7
+    assert re.match(r"L{3}SL{8}SL{32}SSL{8}SL{32}SS", order["esc_r2"])
+    early = order["early"]
+    assert early.count("S") == 1 and early.startswith("L" * (3 + 8 + 32) + "S")
+    late = inspect.getsource(patched_module("ring", "terms_late"))
+    loop = late.index("    for t in range(3 * ESC_R, nsteps):")
+    assert late.count("esc += _esc_terms(x3, v, ph)") == 1
+    assert late.index("esc += _esc_terms(x3, v, ph)") > loop  # the terms after the loop

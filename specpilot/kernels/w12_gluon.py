@@ -389,41 +389,80 @@ def _esc_add(out, t, xv, n3, ph3, ECH: gl.constexpr, WARPS: gl.constexpr):
     return out + gl.sum(gl.where(hit, d, 0.0), axis=2)
 
 
+@gluon.constexpr_function
+def _lr(bm, warps, u):
+    """The row-parallel escape correction's [BM, BN, U] layout: two threads a weight row
+    (half the rows of x each), U of that row's escapes in each."""
+    return gl.BlockedLayout([bm // 2, 1, u], [2, 16, 1], [1, warps, 1], [2, 0, 1])
+
+
 @gluon.jit
-def _esc_rows(x_ptr, base_ptr, rowptr_ptr, ecol_ptr, ebits_ptr, M, N, stride_xm, n0, pid_m,
-              pid_k, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
-              WARPS: gl.constexpr, U: gl.constexpr):
-    """[BM, BN] escape correction (x * value - x * placeholder, `_esc_add`'s terms) of split
-    pid_k's share of the tile's escapes, row-parallel: each weight row's escapes are its own
-    CSR range, escape p of a row goes to split p % SPLIT_K, and two threads walk each row (half
-    the rows of x each), U escapes at a time, loading their columns and values for every row
-    at once and then the x values at those columns: two dependent round trips per U escapes
-    of the tile's fullest row (a row holds a few: about K x 1e-4 on the benchmark's LLM-like
-    weights), where `_epilogue`'s chunks take two per ECH escapes of the whole tile. No shared memory, no barrier: callable in a
-    warp-specialized partition, before its main loop."""
-    l3: gl.constexpr = gl.BlockedLayout([BM // 2, 1, U], [2, 16, 1], [1, WARPS, 1], [2, 0, 1])
-    le: gl.constexpr = gl.SliceLayout(2, l3)  # [BM, BN]
-    lt: gl.constexpr = gl.SliceLayout(0, l3)  # [BN, U]
+def _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM: gl.constexpr, BN: gl.constexpr,
+                WARPS: gl.constexpr, U: gl.constexpr):
+    """The row-parallel escape correction, round trip 1: each of the tile's BN weight rows'
+    CSR escape range [lo, hi) and placeholder value (what its escapes decode to), [BN]
+    each. Rows past N hold none (they are never stored)."""
+    lt: gl.constexpr = gl.SliceLayout(0, _lr(BM, WARPS, U))
     n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, lt))
-    nr = gl.minimum(n, N - 1)  # rows past N: no escapes (never stored)
-    e_lo = gl.load(rowptr_ptr + nr)
-    e_hi = gl.where(n < N, gl.load(rowptr_ptr + nr + 1), e_lo)
+    nr = gl.minimum(n, N - 1)
+    lo = gl.load(rowptr_ptr + nr)
+    hi = gl.where(n < N, gl.load(rowptr_ptr + nr + 1), lo)
     ph = (gl.load(base_ptr + nr).to(gl.int32) << 23).to(gl.float32, bitcast=True)
-    ph3 = gl.expand_dims(gl.expand_dims(ph, 1), 0)  # [1, BN, 1]
+    return lo, hi, ph
+
+
+@gluon.jit
+def _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM: gl.constexpr, SPLIT_K: gl.constexpr,
+               WARPS: gl.constexpr, U: gl.constexpr):
+    """Round trip 2: the columns and values ([BN, U] each) of escapes p0 + u * SPLIT_K
+    (u < U) of each row's range; column -1 and value 0 past a row's end."""
+    lt: gl.constexpr = gl.SliceLayout(0, _lr(BM, WARPS, U))
     u = gl.expand_dims(gl.arange(0, U, layout=gl.SliceLayout(0, lt)), 0)  # [1, U]
+    j = gl.expand_dims(lo, 1) + p0 + u * SPLIT_K
+    ok = j < gl.expand_dims(hi, 1)
+    col = gl.load(ecol_ptr + j, mask=ok, other=-1)
+    v = (gl.load(ebits_ptr + j, mask=ok, other=0).to(gl.int32) << 16).to(gl.float32,
+                                                                         bitcast=True)
+    return col, v
+
+
+@gluon.jit
+def _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constexpr,
+            U: gl.constexpr):
+    """Round trip 3: x at those columns for the tile's BM rows of x, [BM, BN, U] fp32 (0
+    past M or a row's end)."""
+    le: gl.constexpr = gl.SliceLayout(2, _lr(BM, WARPS, U))
     m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, le))
     xrow = gl.expand_dims(gl.expand_dims(x_ptr + m * stride_xm, 1), 2)  # [BM, 1, 1]
-    mm = gl.expand_dims(gl.expand_dims(m < M, 1), 2)
-    esc = gl.zeros([BM, BN], gl.float32, le)
-    most = gl.max(e_hi - e_lo, axis=0)
-    for p0 in range(pid_k, most, U * SPLIT_K):
-        j = gl.expand_dims(e_lo, 1) + p0 + u * SPLIT_K  # [BN, U]
-        ok = j < gl.expand_dims(e_hi, 1)
-        col = gl.expand_dims(gl.load(ecol_ptr + j, mask=ok, other=0), 0)
-        v = gl.expand_dims((gl.load(ebits_ptr + j, mask=ok, other=0).to(gl.int32) << 16).to(
-            gl.float32, bitcast=True), 0)
-        x3 = gl.load(xrow + col, mask=mm & gl.expand_dims(ok, 0), other=0.0).to(gl.float32)
-        esc += gl.sum(x3 * v - x3 * ph3, axis=2)
+    c3 = gl.expand_dims(col, 0)
+    ok = gl.expand_dims(gl.expand_dims(m < M, 1), 2) & (c3 >= 0)
+    return gl.load(xrow + c3, mask=ok, other=0.0).to(gl.float32)
+
+
+@gluon.jit
+def _esc_terms(x3, v, ph):
+    """[BM, BN]: the sum over a round's escapes of x * value - x * placeholder (`_esc_add`'s
+    terms; empty slots add 0)."""
+    ph3 = gl.expand_dims(gl.expand_dims(ph, 1), 0)  # [1, BN, 1]
+    return gl.sum(x3 * gl.expand_dims(v, 0) - x3 * ph3, axis=2)
+
+
+@gluon.jit
+def _esc_rows(lo, hi, ph, p_first, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m,
+              BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
+              WARPS: gl.constexpr, U: gl.constexpr):
+    """[BM, BN] escape correction of a split's share of the tile's escapes from escape p_first
+    of each row on, row-parallel: each weight row's escapes are its own CSR range (from
+    `_esc_ranges`), escape p of a row goes to split p % SPLIT_K (p_first is this split's), and
+    two threads walk each row U escapes a round (`_esc_fetch`, then `_esc_xs`): two dependent
+    round trips a round, as many rounds as the tile's fullest row needs (a row holds about
+    K x 1e-4 escapes on the benchmark's LLM-like weights), where `_epilogue`'s chunks take two
+    per ECH escapes of the whole tile. Callable in a warp-specialized partition."""
+    esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, U)))
+    most = gl.max(hi - lo, axis=0)
+    for p0 in range(p_first, most, U * SPLIT_K):
+        col, v = _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM, SPLIT_K, WARPS, U)
+        esc += _esc_terms(_esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U), v, ph)
     return esc
 
 

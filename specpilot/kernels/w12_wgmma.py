@@ -11,13 +11,17 @@ the decode (`w12_gluon._decode`) writes the 8 bf16 tiles there, and each multipl
 slice [BM, SW] read by the wgmma straight from shared memory (a transposed view: y^T = W
 x^T, batch rows are the MMA's N). TMA zero-fills past the tensors' ends (rows past N or M,
 words past KW, x columns past K), so no load is masked. The consumers correct the escapes
-first, while the producer fills the ring: row-parallel (`w12_gluon._esc_rows`: a thread per
-weight row walks that row's escapes a few at a time, two dependent round trips per few
-escapes of the fullest row), kept in registers through the loop and added by the register
-kernel's epilogue (row scale, split-K) after it. With the escapes left to the epilogue's
-chunks, as before, this kernel spent 34-43% of its batch-32 time there (a whole tile's
-escapes in chunks of 4-8, two dependent round trips each: docs/BENCHMARKS.md, twenty-fifth
-run).
+row-parallel (`w12_gluon._esc_rows`: two threads a weight row walk that row's escapes a few
+at a time, three dependent round trips: the row's escape range, the escapes' columns and
+values, x at those columns). The first round's three are issued one a step between the
+first three steps (`ESC_R`), so each is in flight under a step; rows with more escapes in
+the split take further rounds after the loop. The correction stays in registers and the
+register kernel's epilogue (row scale, split-K) adds it. With the escapes left to the
+epilogue's chunks this kernel spent 34-43% of its batch-32 time there (twenty-fifth run);
+with the whole correction before the main loop it ran 0-4% slower than now (twenty-sixth
+run). What the escapes still cost it, 4-10% against the same weights with no escape table,
+is not these round trips' latency: holding the x values to the loop's end gains nothing
+(docs/BENCHMARKS.md, twenty-sixth run).
 In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
@@ -38,7 +42,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .splitk import workspace
 from .w12 import W12Weight
-from .w12_gluon import _decode, _epilogue, _esc_rows, _program_ids, _rows
+from .w12_gluon import (
+    _decode,
+    _epilogue,
+    _esc_fetch,
+    _esc_ranges,
+    _esc_rows,
+    _esc_terms,
+    _esc_xs,
+    _lr,
+    _program_ids,
+    _rows,
+)
 from .w12_triton import split_words
 
 
@@ -64,36 +79,57 @@ def _produce(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, n
 
 
 @gluon.jit
+def _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES: gl.constexpr):
+    """Step t: its words from stage t % STAGES into wgmma's A layout, decode, 8 wgmma
+    against the stage's x slices, release the stage."""
+    op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc.type.layout, k_width=2)
+    s = t % STAGES
+    mbarrier.wait(ready.index(s), (t // STAGES) & 1)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w), a0_s.index(s).load(op_w),
+                                             a1_s.index(s).load(op_w))
+    acc = warpgroup_mma(w0, x_s.index(s * 8).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w1, x_s.index(s * 8 + 1).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w2, x_s.index(s * 8 + 2).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w3, x_s.index(s * 8 + 3).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w4, x_s.index(s * 8 + 4).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w5, x_s.index(s * 8 + 5).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w6, x_s.index(s * 8 + 6).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma(w7, x_s.index(s * 8 + 7).permute((1, 0)), acc, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
+    fence_async_shared()  # this step's shared reads before the producer's next copy
+    mbarrier.arrive(empty.index(s), count=1)
+    return acc
+
+
+@gluon.jit
 def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr, erow_ptr,
              ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
              pid_k, tile, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
              ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
-    """The consumer warps: per step, words from shared memory into wgmma's A layout, decode,
-    8 wgmma against the stage's x slices, release the stage; then the epilogue."""
+    """The consumer warps: the steps (`_step`), the first ESC_R rounds of the split's
+    escape correction issued one round trip a step between the first 3 * ESC_R, the rest
+    after them; then the epilogue."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
-    op_w: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
-    # the split's escape correction first, while the producer fills the ring
-    esc = _esc_rows(x_ptr, base_ptr, rowptr_ptr, ecol_ptr, ebits_ptr, M, N, stride_xm, n0,
-                    pid_m, pid_k, BM, BN, SPLIT_K, WARPS, ESC_U)
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
-    for t in range(nsteps):
-        s = t % STAGES
-        mbarrier.wait(ready.index(s), (t // STAGES) & 1)
-        w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w),
-                                                 a0_s.index(s).load(op_w),
-                                                 a1_s.index(s).load(op_w))
-        acc = warpgroup_mma(w0, x_s.index(s * 8).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w1, x_s.index(s * 8 + 1).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w2, x_s.index(s * 8 + 2).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w3, x_s.index(s * 8 + 3).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w4, x_s.index(s * 8 + 4).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w5, x_s.index(s * 8 + 5).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w6, x_s.index(s * 8 + 6).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma(w7, x_s.index(s * 8 + 7).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]
-        fence_async_shared()  # this step's shared reads before the producer's next copy
-        mbarrier.arrive(empty.index(s), count=1)
+    lo, hi, ph = _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM, BN, WARPS, ESC_U)
+    esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))
+    for r in gl.static_range(ESC_R):  # each round trip in flight under a step
+        if 3 * r < nsteps:
+            acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r, acc, STAGES)
+        col, v = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
+                            SPLIT_K, WARPS, ESC_U)
+        if 3 * r + 1 < nsteps:
+            acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 1, acc, STAGES)
+        x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
+        if 3 * r + 2 < nsteps:
+            acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 2, acc, STAGES)
+        esc += _esc_terms(x3, v, ph)
+    for t in range(3 * ESC_R, nsteps):
+        acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)
+    # rows with more than ESC_R * ESC_U escapes in this split
+    esc += _esc_rows(lo, hi, ph, pid_k + ESC_R * ESC_U * SPLIT_K, x_ptr, ecol_ptr, ebits_ptr, M,
+                     stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)
     _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), esc, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
               pid_k, tile, BM, BN, SPLIT_K, SPLIT_K, ECH, WARPS, False, True)
@@ -128,8 +164,10 @@ def w12_wgmma_kernel(
     ], [1], [24])
 
 
-# escapes a row's thread takes at a time in the consumers' escape correction (`_esc_rows`)
+# escapes a row's thread takes a round in the consumers' escape correction (`_esc_rows`), and
+# the rounds issued one round trip a step under the first 3 * ESC_R steps
 ESC_U = gl.constexpr(4)
+ESC_R = gl.constexpr(1)
 
 # Registers a thread at launch, so that two programs (a consumer warpgroup of 64 rows + the
 # producer's warpgroup) share an SM; the consumers take 232 back from the producer's 24.
