@@ -10,7 +10,8 @@ On a GPU machine with ncu (from the repo root):
 The script compiles every config first (outside the profiled range), then launches each
 once inside cudaProfilerStart/Stop; ncu flushes the caches before each profiled launch.
 `--list` prints the profiled launches in order (with each one's error against fp32), and
-`--report` prints one line per profiled kernel: time, DRAM throughput, occupancy,
+`--with-no-escapes` also profiles each W12 config on the same weights with an empty escape
+table (`w12_escapes.no_escapes`): what the escape correction costs in each counter. `--report` prints one line per profiled kernel: time, DRAM throughput, occupancy,
 registers, issue utilization, instructions, L1 traffic, grid and the top stall reasons.
 """
 
@@ -22,6 +23,7 @@ import csv
 import torch
 
 from benchmarks.w12_bench import SHAPES
+from benchmarks.w12_escapes import no_escapes
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.gemv_bf16 import bf16_matmul
 from specpilot.kernels.tuning import load_table
@@ -87,6 +89,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--shapes", default="qkv_32B,gate_up_8B")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--with-no-escapes", action="store_true",
+                    help="each W12 config also on the same weights with an empty escape table")
     ap.add_argument("--metrics", action="store_true", help="print the metric list for ncu")
     ap.add_argument("--report", metavar="CSV", help="summarize an ncu --csv file")
     a = ap.parse_args()
@@ -104,15 +108,19 @@ def main() -> None:
         w12 = fmt.pack(w)
         x = torch.randn(a.batch, k, device="cuda", generator=g).to(torch.bfloat16)
         ref = x.float() @ w.float().T
+        forms = [("", w12, ref)]
+        if a.with_no_escapes:
+            empty = no_escapes(w12)
+            forms.append((" no-esc", empty, x.float() @ fmt.unpack(empty).float().T))
         for label, c in configs(a.batch, n, k):
             is_bf16 = label.startswith("bf16")
-
-            def f(c=c, w=w, w12=w12, x=x, bf=is_bf16):
-                if c is None:
-                    return torch.mm(x, w.T)
-                return bf16_matmul(x, w, c) if bf else w12_matmul(x, w12, c)
-            err = ((f().float() - ref).norm() / ref.norm()).item()  # compiles outside range
-            runs.append((f"{s} b{a.batch} {label}", f, err))
+            for tag, packed, want in forms if label.startswith("w12") else forms[:1]:
+                def f(c=c, w=w, w12=packed, x=x, bf=is_bf16):
+                    if c is None:
+                        return torch.mm(x, w.T)
+                    return bf16_matmul(x, w, c) if bf else w12_matmul(x, w12, c)
+                err = ((f().float() - want).norm() / want.norm()).item()  # compiles outside range
+                runs.append((f"{s} b{a.batch} {label}{tag}", f, err))
     torch.cuda.synchronize()
     if a.list:
         for name, _, err in runs:
