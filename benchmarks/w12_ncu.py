@@ -9,9 +9,10 @@ On a GPU machine with ncu (from the repo root):
 
 The script compiles every config first (outside the profiled range), then launches each
 once inside cudaProfilerStart/Stop; ncu flushes the caches before each profiled launch.
-`--list` prints the profiled launches in order (with each one's error against fp32), and
+`--list` prints the profiled launches in order (with each one's error against fp32),
 `--with-no-escapes` also profiles each W12 config on the same weights with an empty escape
-table (`w12_escapes.no_escapes`): what the escape correction costs in each counter. `--report` prints one line per profiled kernel: time, DRAM throughput, occupancy,
+table (`w12_escapes.no_escapes`: what the escape correction costs in each counter), and
+`--report` prints one line per profiled kernel: time, DRAM throughput, occupancy,
 registers, issue utilization, instructions, L1 traffic, grid and the top stall reasons.
 """
 

@@ -104,7 +104,8 @@ PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
 RING = ("ring", "words", "l2", "words_r64", "words_r80",  # timing only: wrong products
         "tiled", "tiled_words", "floor")
-RING_EXACT = ("early", "esc_r2", "terms_late")  # the shipped kernel's escape correction scheduled otherwise
+# the shipped kernel with its escape correction scheduled otherwise (real products)
+RING_EXACT = ("early", "esc_r2", "terms_late")
 # w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
 _MATH = ("    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w), a0_s.index(s)",
          "acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]\n")

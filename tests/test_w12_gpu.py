@@ -260,10 +260,10 @@ def test_wgmma_kernel_takes_x_views_tma_cannot_read():
     w[5, ::37] = 3e4
     p = fmt.pack(w)
     wide = torch.randn(16, k + 3, device="cuda", generator=g).to(torch.bfloat16)
+    cfg = KernelConfig(bm=16, bn=64, bk=128, split_k=2, warps=4, stages=2, dot=True,
+                       variant=WGMMA)
     for x in (wide[:, 1:k + 1], wide[:, :k], wide[1:, :k]):
         assert x.data_ptr() % 16 or x.stride(0) % 8  # not a TMA-readable x
-        cfg = KernelConfig(bm=16, bn=64, bk=128, split_k=2, warps=4, stages=2, dot=True,
-                           variant=WGMMA)
         y = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
         w12_matmul(x, p, cfg, out=y)
         want = torch.full_like(y, float("nan"))
