@@ -4,7 +4,7 @@ Triton one, `w12_triton.py`, for tl_hint), each timed against the shipped pick o
 timed beside the shipped pick).
 
     PYTHONPATH=. python3 benchmarks/w12_patch.py [--kind hint|alu|x32|pairs|xhit|tl_hint|ring]
-        [--shapes ...] [--batches 4,8,16] [--variants ...] [--no-escapes]
+        [--shapes ...] [--batches 4,8,16] [--variants ...] [--no-escapes] [--baseline DIR]
 
 Each variant is a copy of `w12_gluon.py` with a few source lines replaced, compiled as its
 own module, launched with the pick's config; every variant is checked against the fp32
@@ -68,12 +68,15 @@ decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the w
 128: 4 or 3 programs an SM instead of 2); `tiled` and `tiled_words` (the kernel, and `words`,
 with each word tile copied as one contiguous 8 KB box, as a tile-major storage layout would
 hold it: what such a format could stream), `floor` (the producer fills the ring once and the
-consumers re-read it: the consumers' own time).
-Two more ring variants compute the real products (checked against the fp32 reference): the
-shipped kernel with its escape correction scheduled otherwise: `early` (all of it before the
-main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
-steps instead of ESC_R's one) and `terms_late` (the round's x values held in registers through
-the main loop and used after it, so that their loads may take the whole loop).
+consumers re-read it: the consumers' own time), `no_rest` (the escape correction's peeled
+first round only: rows with more than ESC_R * ESC_U escapes in a split stay partly
+uncorrected, so the tile's fullest rows add no rounds after the main loop).
+Three more ring variants compute the real products (checked against the fp32 reference):
+the shipped kernel with its escape correction scheduled otherwise: `early` (all of it before
+the main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
+steps instead of ESC_R's one) and `guarded` (each peeled step guarded by its own `if`, the
+twenty-sixth run's form: ptxas then hoists each load's first use above the next step, so
+every round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
@@ -103,9 +106,9 @@ X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
 RING = ("ring", "words", "l2", "words_r64", "words_r80",  # timing only: wrong products
-        "tiled", "tiled_words", "floor")
+        "tiled", "tiled_words", "floor", "no_rest")
 # the shipped kernel with its escape correction scheduled otherwise (real products)
-RING_EXACT = ("early", "esc_r2", "terms_late")
+RING_EXACT = ("early", "esc_r2", "guarded")
 # w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
 _MATH = ("    w0, w1, w2, w3, w4, w5, w6, w7 = _decode(c_s.index(s).load(op_w), a0_s.index(s)",
          "acc = warpgroup_mma_wait(0, deps=(acc, w0, w1, w2, w3, w4, w5, w6, w7))[0]\n")
@@ -141,12 +144,12 @@ _TILED = (
 _ESC_R = "ESC_R = gl.constexpr(1)"
 _ESC_ZERO = "    esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))\n"
 _ESC_FIRST = """\
-    esc = _esc_rows(lo, hi, ph, pid_k, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m, BM, BN,
+    esc = _esc_rows(lo, hi, base, pid_k, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m, BM, BN,
                     SPLIT_K, WARPS, ESC_U)
 """
-# terms_late: the round's x values held through the main loop, its terms summed after it
-_TERMS = "        esc += _esc_terms(x3, v, ph)\n"
-_LOOP_STEP = "        acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)\n"
+# guarded: the peeled steps each under its own `if 3 * r + k < nsteps`, not under one test
+_PEELED = "    if nsteps >= 3 * ESC_R:"
+_PEELED_STEP = "            acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r{k}, acc, STAGES)\n"
 _ESC_REST = ("    # rows with more than ESC_R * ESC_U escapes in this split\n",
              "stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)\n")
 # floor: the producer fills the ring once and the consumers wait only for that fill, then
@@ -281,11 +284,16 @@ def _ring_source(src: str, variant: str) -> str:
         return _replace(src, *_STEP)
     if variant == "esc_r2":
         return _replace(src, _ESC_R, "ESC_R = gl.constexpr(2)")
-    if variant == "terms_late":
-        src = _replace(src, _TERMS, "")
-        return _replace(src, _LOOP_STEP, _LOOP_STEP + "    esc += _esc_terms(x3, v, ph)\n")
+    if variant == "guarded":
+        src = _replace(src, _PEELED, "    if nsteps >= 0:")
+        for k in ("", " + 1", " + 2"):
+            step = _PEELED_STEP.format(k=k)
+            src = _replace(src, step, f"            if 3 * r{k} < nsteps:\n    " + step)
+        return src
     if variant == "early":
         src = _replace(_replace(src, _ESC_R, "ESC_R = gl.constexpr(0)"), _ESC_ZERO, _ESC_FIRST)
+        return _cut(src, *_ESC_REST)
+    if variant == "no_rest":
         return _cut(src, *_ESC_REST)
     if variant == "floor":
         for old, new in _FLOOR:
@@ -353,6 +361,29 @@ def patched_module(kind: str, variant: str):
     sys.modules[name] = mod  # the copy's dataclasses look their module up there
     spec.loader.exec_module(mod)
     return mod
+
+
+def baseline_module(folder: str):
+    """`w12_wgmma` as an earlier checkout held it: its w12_gluon.py and w12_wgmma.py copied into
+    folder (`git show REV:specpilot/kernels/w12_wgmma.py > folder/w12_wgmma.py`, the same for
+    w12_gluon.py), imported as their own modules beside the shipped ones."""
+    mods = {}
+    for stem in ("w12_gluon", "w12_wgmma"):
+        path = os.path.join(folder, stem + ".py")
+        if not os.path.isfile(path):
+            raise SystemExit(f"--baseline {folder} holds no {stem}.py: copy it there from the "
+                             "checkout to compare against")
+        with open(path) as f:
+            src = f.read().replace("from .w12_gluon import", "from .w12_gluon_baseline import")
+        tmp = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), stem + "_baseline.py")
+        with open(tmp, "w") as f:
+            f.write(src)
+        name = f"specpilot.kernels.{stem}_baseline"
+        spec = importlib.util.spec_from_file_location(name, tmp)
+        mods[stem] = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mods[stem]
+        spec.loader.exec_module(mods[stem])
+    return mods["w12_wgmma"]
 
 
 def _tl_configs(mods: dict):
@@ -424,6 +455,9 @@ def main() -> None:
     ap.add_argument("--batches", default="4,8,16")
     ap.add_argument("--variants", default="", help="default: every variant of the kind")
     ap.add_argument("--reps", type=int, default=3, help="A/B alternations per config")
+    ap.add_argument("--baseline", default="", metavar="DIR",
+                    help="ring: also time the kernel of the w12_gluon.py and w12_wgmma.py in "
+                         "DIR (an earlier checkout's), as variant `baseline`")
     ap.add_argument("--no-escapes", action="store_true",
                     help="every config on the same weights with an empty escape table (the "
                          "escapes decode as their placeholder, the reference is that weight): "
@@ -437,6 +471,10 @@ def main() -> None:
         raise SystemExit(f"unknown {args.kind} variant(s) {','.join(bad)}: choose from "
                          f"{','.join(known)}")
     mods = {v: patched_module(args.kind, v) for v in variants}
+    if args.baseline:
+        if args.kind != "ring":
+            raise SystemExit("--baseline compares the TMA + wgmma kernel: use it with --kind ring")
+        mods["baseline"] = baseline_module(args.baseline)
     if args.kind in ("tl_hint", "ring"):
         configs = {"tl_hint": _tl_configs, "ring": _ring_configs}[args.kind](mods)
     else:

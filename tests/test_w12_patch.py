@@ -121,10 +121,10 @@ def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
     assert "evict_first" not in ptx["none"]
 
 
-def _compile_wgmma(mod):
-    """PTX of a `w12_wgmma` module's kernel for sm_90 at 16 rows of x, 64 weight rows,
-    256-column steps and a ring of 2 (the ring kind's first config), under its own register
-    cap."""
+def _compile_wgmma(mod, what: str = "ptx"):
+    """PTX (or cubin) of a `w12_wgmma` module's kernel for sm_90 at 16 rows of x, 64 weight
+    rows, 256-column steps and a ring of 2 (the ring kind's first config), under its own
+    register cap."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -141,7 +141,7 @@ def _compile_wgmma(mod):
            for a in names}
     k = triton.compile(GluonASTSource(fn=mod.w12_wgmma_kernel, signature=sig, constexprs=consts),
                        target=TARGET, options={"num_warps": 4, "maxnreg": mod.MAXNREG})
-    return k.asm["ptx"]
+    return k.asm[what]
 
 
 @pytest.mark.slow
@@ -195,23 +195,72 @@ def _issue_order(ptx: str) -> str:
 def test_escape_schedules_issue_their_round_trips_where_they_say():
     """The shipped kernel issues its escape correction's round trips between its first steps
     (the row ranges before step 0, each round's columns and values after step 3r, its x
-    values after step 3r + 1), so each completes under a step; `early` issues every escape
-    load before the main loop (the twenty-fifth run's form, no step peeled) and `esc_r2`
-    peels 6 steps for two rounds."""
+    values after step 3r + 1); `early` issues every escape load before the main loop (the
+    twenty-fifth run's form, no step peeled), `esc_r2` peels 6 steps for two rounds,
+    `guarded` issues them as the shipped kernel does and `no_rest` has no rounds after the
+    loop."""
     from specpilot.kernels import w12_wgmma
 
     order = {"shipped": _issue_order(_compile_wgmma(w12_wgmma))}
-    for v in ("early", "esc_r2"):
+    for v in ("early", "esc_r2", "guarded"):
         order[v] = _issue_order(_compile_wgmma(patched_module("ring", v)))
     rounds = w12_wgmma.ESC_R.value
-    assert order["shipped"].count("S") == 3 * rounds + 1
+    # the peeled steps, the loop's step (and no step in the short-split branch)
+    assert order["shipped"].count("S") == order["guarded"].count("S") == 3 * rounds + 1
     # ranges, step 0, a round's fetch, step 1, its x values, step 2 (16 rows of x: 32 loads)
     assert re.match(r"L{3}SL{8}SL{32}S", order["shipped"]), order["shipped"][:80]
+    assert re.match(r"L{3}SL{8}SL{32}", order["guarded"]), order["guarded"][:80]
     assert order["esc_r2"].count("S") == 7
-    assert re.match(r"L{3}SL{8}SL{32}SSL{8}SL{32}SS", order["esc_r2"])
+    assert re.match(r"L{3}SL{8}SL{32}SSL{8}SL{32}S", order["esc_r2"])
     early = order["early"]
     assert early.count("S") == 1 and early.startswith("L" * (3 + 8 + 32) + "S")
-    late = inspect.getsource(patched_module("ring", "terms_late"))
-    loop = late.index("    for t in range(3 * ESC_R, nsteps):")
-    assert late.count("esc += _esc_terms(x3, v, ph)") == 1
-    assert late.index("esc += _esc_terms(x3, v, ph)") > loop  # the terms after the loop
+    # no_rest (timing only) keeps the peeled round and drops the rounds after the loop
+    no_rest = _issue_order(_compile_wgmma(patched_module("ring", "no_rest")))
+    assert no_rest.count("S") == 3 * rounds + 1
+    assert no_rest.startswith(order["shipped"][:order["shipped"].index("S", 6) + 1])
+    assert no_rest.count("L") == order["shipped"].count("L") - (8 + 32)
+
+
+def _first_waits(sass: str) -> list[int]:
+    """For each global load (LDG) before the consumers' third mbarrier wait (step 2's): how
+    many mbarrier waits (SYNCS...TRYWAIT) come between it and the first instruction that
+    waits on its result. An sm_90 instruction's second 64-bit word holds its control bits:
+    the scoreboard it sets when its result lands (bits 46-48; 7 for none) and the
+    scoreboards it waits for (a mask, bits 52-57)."""
+    code = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);\s*/\* 0x[0-9a-f]+ \*/\s*\n"
+                      r"\s*/\* (0x[0-9a-f]+) \*/", sass)
+    ops = [(text.strip(), int(hi, 16)) for text, hi in code]
+    first = next(i for i, (t, _) in enumerate(ops) if "LDG" in t)
+    waits = [i for i, (t, _) in enumerate(ops) if "TRYWAIT" in t and i > first]
+    out = []
+    for i in range(first, waits[2]):
+        text, hi = ops[i]
+        board = (hi >> 46) & 7
+        if "LDG" not in text or board == 7:
+            continue
+        use = next(j for j in range(i + 1, len(ops)) if (ops[j][1] >> 52) >> board & 1)
+        out.append(sum(i < w < use for w in waits))
+    return out
+
+
+@pytest.mark.slow
+def test_escape_loads_are_waited_on_only_under_a_later_step(tmp_path):
+    """Where the compiled code first waits on each escape load (the SASS's scoreboards): in
+    the shipped kernel every one of them (the ranges, a round's columns and values, its x
+    values) only after the next step's mbarrier wait, so its round trip runs under a step.
+    With each peeled step guarded by its own `if` (`guarded`, the twenty-sixth run's form),
+    ptxas hoists the ranges' first use above step 0 and that round trip waits exposed."""
+    import triton
+
+    from specpilot.kernels import w12_wgmma
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    got = {}
+    for name, mod in (("shipped", w12_wgmma), ("guarded", patched_module("ring", "guarded"))):
+        path = tmp_path / f"{name}.cubin"
+        path.write_bytes(_compile_wgmma(mod, "cubin"))
+        got[name] = _first_waits(subprocess.run([tool, "-sass", str(path)], capture_output=True,
+                                                text=True, check=True).stdout)
+    assert len(got["shipped"]) == 3 + 8 + 32, got["shipped"]
+    assert min(got["shipped"]) >= 1, got["shipped"]
+    assert min(got["guarded"]) == 0, got["guarded"]

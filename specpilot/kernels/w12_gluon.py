@@ -400,55 +400,56 @@ def _lr(bm, warps, u):
 def _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM: gl.constexpr, BN: gl.constexpr,
                 WARPS: gl.constexpr, U: gl.constexpr):
     """The row-parallel escape correction, round trip 1: each of the tile's BN weight rows'
-    CSR escape range [lo, hi) and placeholder value (what its escapes decode to), [BN]
-    each. Rows past N hold none (they are never stored)."""
+    CSR escape range [lo, hi) and row base (its escapes decode to the placeholder 2^(base -
+    127)), [BN] each. Rows past N hold none (they are never stored). Like `_esc_fetch` and
+    `_esc_xs` it only issues loads and returns what they load: each value's first use is in
+    the next call of the chain, so a caller that puts a step between two calls has the round
+    trip run under it (no compare or convert waits on the load right after it)."""
     lt: gl.constexpr = gl.SliceLayout(0, _lr(BM, WARPS, U))
     n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, lt))
-    nr = gl.minimum(n, N - 1)
-    lo = gl.load(rowptr_ptr + nr)
-    hi = gl.where(n < N, gl.load(rowptr_ptr + nr + 1), lo)
-    ph = (gl.load(base_ptr + nr).to(gl.int32) << 23).to(gl.float32, bitcast=True)
-    return lo, hi, ph
+    lo = gl.load(rowptr_ptr + gl.minimum(n, N))  # rows past N: the empty range at the end
+    hi = gl.load(rowptr_ptr + gl.minimum(n + 1, N))
+    return lo, hi, gl.load(base_ptr + gl.minimum(n, N - 1))
 
 
 @gluon.jit
 def _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM: gl.constexpr, SPLIT_K: gl.constexpr,
                WARPS: gl.constexpr, U: gl.constexpr):
-    """Round trip 2: the columns and values ([BN, U] each) of escapes p0 + u * SPLIT_K
-    (u < U) of each row's range; column -1 and value 0 past a row's end."""
+    """Round trip 2: the columns and bf16 bits ([BN, U] each) of escapes p0 + u * SPLIT_K
+    (u < U) of each row's range; column -1 and bits 0 past a row's end."""
     lt: gl.constexpr = gl.SliceLayout(0, _lr(BM, WARPS, U))
     u = gl.expand_dims(gl.arange(0, U, layout=gl.SliceLayout(0, lt)), 0)  # [1, U]
     j = gl.expand_dims(lo, 1) + p0 + u * SPLIT_K
     ok = j < gl.expand_dims(hi, 1)
-    col = gl.load(ecol_ptr + j, mask=ok, other=-1)
-    v = (gl.load(ebits_ptr + j, mask=ok, other=0).to(gl.int32) << 16).to(gl.float32,
-                                                                         bitcast=True)
-    return col, v
+    return gl.load(ecol_ptr + j, mask=ok, other=-1), gl.load(ebits_ptr + j, mask=ok, other=0)
 
 
 @gluon.jit
 def _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constexpr,
             U: gl.constexpr):
-    """Round trip 3: x at those columns for the tile's BM rows of x, [BM, BN, U] fp32 (0
+    """Round trip 3: x at those columns for the tile's BM rows of x, [BM, BN, U] as loaded (0
     past M or a row's end)."""
     le: gl.constexpr = gl.SliceLayout(2, _lr(BM, WARPS, U))
     m = pid_m * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, le))
     xrow = gl.expand_dims(gl.expand_dims(x_ptr + m * stride_xm, 1), 2)  # [BM, 1, 1]
     c3 = gl.expand_dims(col, 0)
     ok = gl.expand_dims(gl.expand_dims(m < M, 1), 2) & (c3 >= 0)
-    return gl.load(xrow + c3, mask=ok, other=0.0).to(gl.float32)
+    return gl.load(xrow + c3, mask=ok, other=0.0)
 
 
 @gluon.jit
-def _esc_terms(x3, v, ph):
+def _esc_terms(x3, bits, base):
     """[BM, BN]: the sum over a round's escapes of x * value - x * placeholder (`_esc_add`'s
-    terms; empty slots add 0)."""
+    terms; empty slots add 0), from what `_esc_xs`, `_esc_fetch` and `_esc_ranges` loaded."""
+    x3 = x3.to(gl.float32)
+    v = gl.expand_dims((bits.to(gl.int32) << 16).to(gl.float32, bitcast=True), 0)
+    ph = (base.to(gl.int32) << 23).to(gl.float32, bitcast=True)
     ph3 = gl.expand_dims(gl.expand_dims(ph, 1), 0)  # [1, BN, 1]
-    return gl.sum(x3 * gl.expand_dims(v, 0) - x3 * ph3, axis=2)
+    return gl.sum(x3 * v - x3 * ph3, axis=2)
 
 
 @gluon.jit
-def _esc_rows(lo, hi, ph, p_first, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m,
+def _esc_rows(lo, hi, base, p_first, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m,
               BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
               WARPS: gl.constexpr, U: gl.constexpr):
     """[BM, BN] escape correction of a split's share of the tile's escapes from escape p_first
@@ -461,8 +462,8 @@ def _esc_rows(lo, hi, ph, p_first, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid
     esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, U)))
     most = gl.max(hi - lo, axis=0)
     for p0 in range(p_first, most, U * SPLIT_K):
-        col, v = _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM, SPLIT_K, WARPS, U)
-        esc += _esc_terms(_esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U), v, ph)
+        col, bits = _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM, SPLIT_K, WARPS, U)
+        esc += _esc_terms(_esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U), bits, base)
     return esc
 
 

@@ -14,14 +14,18 @@ words past KW, x columns past K), so no load is masked. The consumers correct th
 row-parallel (`w12_gluon._esc_rows`: two threads a weight row walk that row's escapes a few
 at a time, three dependent round trips: the row's escape range, the escapes' columns and
 values, x at those columns). The first round's three are issued one a step between the
-first three steps (`ESC_R`), so each is in flight under a step; rows with more escapes in
-the split take further rounds after the loop. The correction stays in registers and the
-register kernel's epilogue (row scale, split-K) adds it. With the escapes left to the
-epilogue's chunks this kernel spent 34-43% of its batch-32 time there (twenty-fifth run);
-with the whole correction before the main loop it ran 0-4% slower than now (twenty-sixth
-run). What the escapes still cost it, 4-10% against the same weights with no escape table,
-is not these round trips' latency: holding the x values to the loop's end gains nothing
-(docs/BENCHMARKS.md, twenty-sixth run).
+first three steps (`ESC_R`); rows with more escapes in the split take further rounds after
+the loop. Each round trip is waited on only under the next step: the loads return their raw
+values and nothing reads them before the next call of the chain, and the peeled steps sit
+under one `nsteps` test rather than an `if` each (ptxas hoists a load's first use above a
+guarded step: `tests/test_w12_patch.py` checks the SASS). The correction stays in registers
+and the register kernel's epilogue (row scale, split-K) adds it. With the escapes left to
+the epilogue's chunks this kernel spent 34-43% of its batch-32 time there (twenty-fifth
+run). What the escapes still cost it, 2-15% against the same weights with no escape table
+(most in rings of 3: one program an SM), is neither these round trips' latency (hiding them
+gained 0-1.5%) nor the rounds after the loop (leaving those out gains 0-1%); what is left is the first
+round's loads themselves, which an empty table runs predicated off (docs/BENCHMARKS.md,
+twenty-seventh run).
 In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
@@ -112,23 +116,30 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
-    lo, hi, ph = _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM, BN, WARPS, ESC_U)
+    lo, hi, base = _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM, BN, WARPS, ESC_U)
     esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))
-    for r in gl.static_range(ESC_R):  # each round trip in flight under a step
-        if 3 * r < nsteps:
+    t0 = 0
+    if nsteps >= 3 * ESC_R:  # each round trip in flight under a step (no step is guarded:
+        # ptxas hoists a load's first use above a guarded step, exposing its round trip)
+        for r in gl.static_range(ESC_R):
             acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r, acc, STAGES)
-        col, v = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
-                            SPLIT_K, WARPS, ESC_U)
-        if 3 * r + 1 < nsteps:
+            col, bits = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
+                                   SPLIT_K, WARPS, ESC_U)
             acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 1, acc, STAGES)
-        x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
-        if 3 * r + 2 < nsteps:
+            x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
             acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 2, acc, STAGES)
-        esc += _esc_terms(x3, v, ph)
-    for t in range(3 * ESC_R, nsteps):
+            esc += _esc_terms(x3, bits, base)
+        t0 = 3 * ESC_R
+    else:  # a split of fewer steps: its rounds before the loop
+        for r in gl.static_range(ESC_R):
+            col, bits = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
+                                   SPLIT_K, WARPS, ESC_U)
+            esc += _esc_terms(_esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U), bits,
+                              base)
+    for t in range(t0, nsteps):
         acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)
     # rows with more than ESC_R * ESC_U escapes in this split
-    esc += _esc_rows(lo, hi, ph, pid_k + ESC_R * ESC_U * SPLIT_K, x_ptr, ecol_ptr, ebits_ptr, M,
+    esc += _esc_rows(lo, hi, base, pid_k + ESC_R * ESC_U * SPLIT_K, x_ptr, ecol_ptr, ebits_ptr, M,
                      stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)
     _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), esc, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
