@@ -70,13 +70,15 @@ with each word tile copied as one contiguous 8 KB box, as a tile-major storage l
 hold it: what such a format could stream), `floor` (the producer fills the ring once and the
 consumers re-read it: the consumers' own time), `no_rest` (the escape correction's peeled
 first round only: rows with more than ESC_R * ESC_U escapes in a split stay partly
-uncorrected, so the tile's fullest rows add no rounds after the main loop).
+uncorrected, so the tile's fullest rows add no rounds after the main loop), `no_xs` (`no_rest`
+without the peeled round's x loads: its columns taken as -1, so the loads are masked off and
+compiled away; its columns and values are still fetched).
 Three more ring variants compute the real products (checked against the fp32 reference):
 the shipped kernel with its escape correction scheduled otherwise: `early` (all of it before
 the main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
 steps instead of ESC_R's one) and `guarded` (each peeled step guarded by its own `if`, the
 twenty-sixth run's form: ptxas then hoists each load's first use above the next step, so
-every round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
+the ranges' round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row
@@ -106,7 +108,7 @@ X32 = ("x32",)
 PAIRS = ("nopair", "nopair_x32")  # timing only: wrong products
 XHIT = ("xrow",)  # timing only: wrong products
 RING = ("ring", "words", "l2", "words_r64", "words_r80",  # timing only: wrong products
-        "tiled", "tiled_words", "floor", "no_rest")
+        "tiled", "tiled_words", "floor", "no_rest", "no_xs")
 # the shipped kernel with its escape correction scheduled otherwise (real products)
 RING_EXACT = ("early", "esc_r2", "guarded")
 # w12_wgmma: the consumers' shared reads, decode and MMAs; the producer's x copies
@@ -144,14 +146,17 @@ _TILED = (
 _ESC_R = "ESC_R = gl.constexpr(1)"
 _ESC_ZERO = "    esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))\n"
 _ESC_FIRST = """\
+    if XT:
+        _gdc("griddepcontrol.wait;")
     esc = _esc_rows(lo, hi, base, pid_k, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, pid_m, BM, BN,
-                    SPLIT_K, WARPS, ESC_U)
+                    SPLIT_K, WARPS, ESC_U, XT)
 """
 # guarded: the peeled steps each under its own `if 3 * r + k < nsteps`, not under one test
 _PEELED = "    if nsteps >= 3 * ESC_R:"
+_PEELED_XS = "            x3 = _gather(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, r == 0, XT)\n"
 _PEELED_STEP = "            acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r{k}, acc, STAGES)\n"
 _ESC_REST = ("    # rows with more than ESC_R * ESC_U escapes in this split\n",
-             "stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)\n")
+             "stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U, XT)\n")
 # floor: the producer fills the ring once and the consumers wait only for that fill, then
 # re-read its stages: the consumers' own time (shared reads, decode, MMAs, epilogue)
 _FLOOR = (
@@ -295,6 +300,9 @@ def _ring_source(src: str, variant: str) -> str:
         return _cut(src, *_ESC_REST)
     if variant == "no_rest":
         return _cut(src, *_ESC_REST)
+    if variant == "no_xs":
+        return _replace(_cut(src, *_ESC_REST), _PEELED_XS,
+                        _PEELED_XS.replace("(col,", "(col * 0 - 1,"))
     if variant == "floor":
         for old, new in _FLOOR:
             src = _replace(src, old, new)

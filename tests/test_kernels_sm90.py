@@ -121,16 +121,18 @@ _WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bm,bn,bk,split,stages",
-                         [(8, 64, 256, 1, 2), (32, 128, 128, 3, 4)] + _WGMMA_GRID)
-def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
+@pytest.mark.parametrize("bm,bn,bk,split,stages,xt",
+                         [(8, 64, 256, 1, 2, False), (32, 128, 128, 3, 4, True)]
+                         + [c + (True,) for c in _WGMMA_GRID])
+def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages, xt):
     """The warp-specialized TMA + wgmma W12 kernel builds for sm_90, every config of the
-    tuning grid among them: its tensor descriptors are typed by their block shape and
-    shared layout; its escape correction (`_esc_rows`, global loads) comes before its main
-    loop's MMAs."""
+    tuning grid among them (with the escapes' x values from x^T, as on weights with escapes):
+    its tensor descriptors are typed by their block shape and shared layout; its escape
+    correction (`_esc_rows`, global loads) starts before its main loop's MMAs; with x^T it
+    waits for x^T's writer (`griddepcontrol.wait`) and from x it does not."""
     from triton.experimental.gluon import language as gl
 
-    _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages)
+    _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages, xt)
     sw = consts["SW"]
     wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
     xl = gl.NVMMASharedLayout.get_default_for([bm, sw], gl.bfloat16)
@@ -149,4 +151,5 @@ def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages):
     assert "setmaxnreg" in ptx  # the producer warp gives its registers to the consumers
     assert f"m64n{bm}k16" in ptx
     assert ptx.index("ld.global") < ptx.index("wgmma.mma_async")  # escapes first
+    assert ("griddepcontrol.wait" in ptx) == xt
     assert len(_WGMMA_GRID) >= 8  # the grid holds the kernel at both batch buckets

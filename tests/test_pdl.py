@@ -113,10 +113,11 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
     x only after that kernel is done. Here the kernel before releases its dependents at once,
     then waits 1 ms before it writes x over a NaN-poisoned buffer. A control consumer that
     never waits does read the poison (so the race is real on this device), and every Gluon
-    config of the W12 grid (batch 2-32) and each batch's first Triton config still match the
-    fp32 reference."""
+    and TMA + wgmma config of the W12 grid (batch 2-32; the wgmma kernel behind its x^T
+    kernel, the weight holding escapes) and each batch's first Triton config still match
+    the fp32 reference."""
     from specpilot.kernels import w12 as fmt
-    from specpilot.kernels.w12_triton import GLUON, w12_candidates, w12_matmul
+    from specpilot.kernels.w12_triton import GLUON, WGMMA, w12_candidates, w12_matmul
 
     if not pdl.supported(torch.device("cuda")):
         pytest.skip("PDL needs compute capability 9.0+")
@@ -147,11 +148,11 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
     seen = behind_late_writer(x, control, torch.empty_like(x))
     assert seen.isnan().any(), "no race to guard against"
 
-    checked = 0
+    kinds = set()
     for b in (1, 2, 4, 8, 16, 32):
         ref = x[:b].float() @ w.float().T
         grid = w12_candidates(b)
-        for cfg in [c for i, c in enumerate(grid) if i == 0 or c.variant & GLUON]:
+        for cfg in [c for i, c in enumerate(grid) if i == 0 or c.variant & (GLUON | WGMMA)]:
             def run(xbuf, y, cfg=cfg, b=b):
                 with pdl.scope(True):
                     w12_matmul(xbuf[:b], p, cfg, out=y)
@@ -159,5 +160,5 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
                                                        dtype=torch.bfloat16))
             err = ((y.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (b, cfg.label, err)
-            checked += bool(cfg.variant & GLUON)
-    assert checked > 0  # the grid's Gluon configs were among them
+            kinds |= {k for k, bit in (("gluon", GLUON), ("wgmma", WGMMA)) if cfg.variant & bit}
+    assert kinds == {"gluon", "wgmma"}  # both kernels' configs were among them

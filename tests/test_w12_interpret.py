@@ -1,5 +1,5 @@
-"""The Triton kernels (W12 fused linear, W12 unpack, bf16 linear) and `tune` on a real
-kernel, run under TRITON_INTERPRET=1 on small shapes.
+"""The Triton kernels (W12 fused linear, W12 unpack, bf16 linear, the wgmma kernel's x^T)
+and `tune` on a real kernel, run under TRITON_INTERPRET=1 on small shapes.
 
 The interpreter must be chosen before the kernels are defined, so the checks run once in a
 child process (`_child`) that prints JSON; the tests assert on its results. Activations
@@ -128,6 +128,13 @@ def _child() -> None:
     cfgs.append(KernelConfig(bm=1, bn=8, bk=96))  # not a power of two: fails to build
     recs = tune((n, k), m, cfgs, timer, problem=prob)
     out["tune"] = [r.to_dict() for r in recs]
+    from specpilot.kernels.w12_wgmma import transposed  # the wgmma kernel's x^T, fp32 here
+
+    out["transpose"] = []
+    for m, k in ((1, 64), (9, 200), (16, 4000), (32, 130)):
+        x = torch.randn(m, k, generator=g)
+        xt = transposed(x)
+        out["transpose"].append([list(xt.shape), bool(torch.equal(xt[:, :m], x.T))])
     print("RESULT " + json.dumps(out))
 
 
@@ -157,6 +164,14 @@ def test_split_k_counters_return_to_zero(results):
 def test_triton_unpack_is_bit_exact(results):
     assert results["unpack_all_patterns"]
     assert results["unpack_odd_shape"]
+
+
+def test_transposed_x_for_the_wgmma_gathers(results):
+    """The wgmma kernel's x^T (`w12_wgmma.transposed`): [K, M rounded up to 16], its first M
+    columns exactly x^T, for 1-32 rows and ragged K."""
+    assert [shape for shape, _ in results["transpose"]] == [[64, 16], [200, 16], [4000, 16],
+                                                           [130, 32]]
+    assert all(equal for _, equal in results["transpose"])
 
 
 def test_tune_ranks_with_timer_and_flags_failures(results):

@@ -123,13 +123,13 @@ def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
 
 def _compile_wgmma(mod, what: str = "ptx"):
     """PTX (or cubin) of a `w12_wgmma` module's kernel for sm_90 at 16 rows of x, 64 weight
-    rows, 256-column steps and a ring of 2 (the ring kind's first config), under its own
-    register cap."""
+    rows, 256-column steps and a ring of 2 (the ring kind's first config), its escapes' x
+    values gathered from x^T (as on weights with escapes), under its own register cap."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    _, consts = mod.wgmma_constants(4096, 64, 16, 64, 256, 1, 2)
+    _, consts = mod.wgmma_constants(4096, 64, 16, 64, 256, 1, 2, True)
     sw = consts["SW"]
     wl = gl.NVMMASharedLayout.get_default_for([64, sw], gl.int32)
     xl = gl.NVMMASharedLayout.get_default_for([16, sw], gl.bfloat16)

@@ -19,13 +19,17 @@ the loop. Each round trip is waited on only under the next step: the loads retur
 values and nothing reads them before the next call of the chain, and the peeled steps sit
 under one `nsteps` test rather than an `if` each (ptxas hoists a load's first use above a
 guarded step: `tests/test_w12_patch.py` checks the SASS). The correction stays in registers
-and the register kernel's epilogue (row scale, split-K) adds it. With the escapes left to
-the epilogue's chunks this kernel spent 34-43% of its batch-32 time there (twenty-fifth
-run). What the escapes still cost it, 2-15% against the same weights with no escape table
-(most in rings of 3: one program an SM), is neither these round trips' latency (hiding them
-gained 0-1.5%) nor the rounds after the loop (leaving those out gains 0-1%); what is left is the first
-round's loads themselves, which an empty table runs predicated off (docs/BENCHMARKS.md,
-twenty-seventh run).
+and the register kernel's epilogue (row scale, split-K) adds it.
+
+What the escapes cost was their x gathers: from x [M, K] an escape's BM values lie in BM
+rows of x (32 sectors at 32 rows), and with those loads alone taken away the kernel ran as
+fast as on the same weights with no escape table (2-15% faster; docs/BENCHMARKS.md,
+twenty-seventh run). So on a weight with escapes the call first makes x^T [K, M]
+(`transposed`, one small kernel) and gathers from it (XT: two 16-byte loads a thread a
+round where x takes 16 two-byte ones). The kernel is launched with PDL behind the
+transpose, which releases it once x is known written: the producer streams words and x
+tiles meanwhile and the consumers wait (`griddepcontrol.wait`) only before their first
+gather, after step 1.
 In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
@@ -44,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import pdl
 from .splitk import workspace
 from .w12 import W12Weight
 from .w12_gluon import (
@@ -54,6 +60,8 @@ from .w12_gluon import (
     _esc_rows,
     _esc_terms,
     _esc_xs,
+    _esc_xs_t,
+    _gdc,
     _lr,
     _program_ids,
     _rows,
@@ -106,13 +114,28 @@ def _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES: gl.constexpr):
 
 
 @gluon.jit
+def _gather(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constexpr,
+            FIRST: gl.constexpr, XT: gl.constexpr):
+    """A round's x values at its escapes' columns: from x^T with XT (the first round waiting
+    for the kernel that wrote it: `griddepcontrol.wait`), else from x."""
+    if XT:
+        if FIRST:
+            _gdc("griddepcontrol.wait;")
+        x3 = _esc_xs_t(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
+    else:
+        x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
+    return x3
+
+
+@gluon.jit
 def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr, erow_ptr,
              ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
              pid_k, tile, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
-             ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr):
+             ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, XT: gl.constexpr):
     """The consumer warps: the steps (`_step`), the first ESC_R rounds of the split's
     escape correction issued one round trip a step between the first 3 * ESC_R, the rest
-    after them; then the epilogue."""
+    after them; then the epilogue. With XT the escapes' x values come from x^T (x_ptr,
+    written by the kernel launched just before this one, waited for before the first)."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
@@ -126,7 +149,7 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
             col, bits = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
                                    SPLIT_K, WARPS, ESC_U)
             acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 1, acc, STAGES)
-            x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
+            x3 = _gather(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, r == 0, XT)
             acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, 3 * r + 2, acc, STAGES)
             esc += _esc_terms(x3, bits, base)
         t0 = 3 * ESC_R
@@ -134,13 +157,13 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
         for r in gl.static_range(ESC_R):
             col, bits = _esc_fetch(lo, hi, pid_k + r * ESC_U * SPLIT_K, ecol_ptr, ebits_ptr, BM,
                                    SPLIT_K, WARPS, ESC_U)
-            esc += _esc_terms(_esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U), bits,
-                              base)
+            esc += _esc_terms(_gather(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, r == 0, XT),
+                              bits, base)
     for t in range(t0, nsteps):
         acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)
     # rows with more than ESC_R * ESC_U escapes in this split
     esc += _esc_rows(lo, hi, base, pid_k + ESC_R * ESC_U * SPLIT_K, x_ptr, ecol_ptr, ebits_ptr, M,
-                     stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U)
+                     stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U, XT)
     _epilogue(acc, _rows(base_ptr, rowptr_ptr, N, n0, BN, ECH, WARPS), esc, 0, x_ptr, erow_ptr,
               ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
               pid_k, tile, BM, BN, SPLIT_K, SPLIT_K, ECH, WARPS, False, True)
@@ -152,6 +175,7 @@ def w12_wgmma_kernel(
     ws_ptr, cnt_ptr, M, N, KW, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
+    XT: gl.constexpr,
 ):
     tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     n0 = pid_n * BN
@@ -169,7 +193,8 @@ def w12_wgmma_kernel(
     gl.warp_specialize([
         (_consume, (c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr,
                     erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm,
-                    stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, STAGES)),
+                    stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, STAGES,
+                    XT)),
         (_produce, (c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, nsteps,
                     n0, pid_m * BM, GW, SW, STAGES)),
     ], [1], [24])
@@ -188,9 +213,10 @@ MAXNREG = 128
 
 
 def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
-                    stages: int) -> tuple[int, dict]:
+                    stages: int, xt: bool = False) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call with bm rows of x, bn weight
-    rows (one warpgroup per 64) and a K step of bk columns."""
+    rows (one warpgroup per 64), a K step of bk columns and (xt) the escapes' x values
+    gathered from x^T."""
     if bm not in (8, 16, 32):
         raise ValueError(f"the wgmma W12 kernel takes 8, 16 or 32 rows of x, got {bm}")
     if bn not in (64, 128):
@@ -203,18 +229,52 @@ def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw,
                   "SPLIT_K": -(-(kp // 8) // kper),  # splits left with no step are dropped
                   "ECH": 4 if bm == 32 else 8,  # [32, BN, 8] escape temporaries spill
-                  "WARPS": bn // 16, "STAGES": stages}
+                  "WARPS": bn // 16, "STAGES": stages, "XT": xt}
+
+
+@triton.jit
+def _transpose_kernel(x_ptr, xt_ptr, M, K, stride_xm, stride_xt, BM: tl.constexpr,
+                      BK: tl.constexpr, PDL: tl.constexpr, RELEASE: tl.constexpr):
+    """x^T [K, M] (row stride stride_xt) from x [M, K], BK columns a program. It lets the
+    next kernel launch (RELEASE) as soon as x is known written (the W12 kernel streams its
+    words and x tiles meanwhile, and waits for this kernel only before its first escape
+    gather)."""
+    pdl.enter(PDL)
+    pdl.release(RELEASE)
+    m = tl.arange(0, BM)
+    k = tl.program_id(0) * BK + tl.arange(0, BK)
+    ok = (m[:, None] < M) & (k[None, :] < K)
+    v = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=ok)
+    tl.store(xt_ptr + k[:, None] * stride_xt + m[None, :], tl.trans(v), mask=tl.trans(ok))
+
+
+def transposed(x: torch.Tensor) -> torch.Tensor:
+    """x^T [K, M padded to 16] of x [M <= 32, K] by `_transpose_kernel` (launched with PDL
+    where the engine's region asks: it then waits for x's writer first; releasing its
+    dependents where the device has PDL)."""
+    m, k = x.shape
+    if m > 32:
+        raise ValueError(f"the x^T kernel takes up to 32 rows of x, got {m}")
+    xt = torch.empty((k, -(-m // 16) * 16), dtype=x.dtype, device=x.device)
+    on = pdl.active(x.device)
+    _transpose_kernel[(triton.cdiv(k, 64),)](x, xt, m, k, x.stride(0), xt.stride(0), BM=32,
+                                              BK=64, PDL=on, RELEASE=pdl.supported(x.device),
+                                              num_warps=4, **pdl.launch(on))
+    return xt
 
 
 def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
                      split_k: int, stages: int) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8)."""
+    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8). A weight with
+    escapes, on a device with PDL: x^T is made first (`transposed`) and the kernel, launched
+    with PDL behind it, gathers the escapes' x values from it (XT)."""
     m, k = x.shape
     if k % 8:
         raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
     if x.data_ptr() % 16 or x.stride(0) % 8:  # TMA reads 16-byte aligned rows only
         x = x.clone(memory_format=torch.contiguous_format)
-    kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages)
+    xt = m <= 32 and w.esc_col.numel() > 0 and pdl.supported(x.device)
+    kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages, xt)
     sw = consts["SW"]
     kw = w.kp // 8
     wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
@@ -224,8 +284,9 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     x_desc = TensorDescriptor.from_tensor(x, [bm, sw], xl)
     grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), consts["SPLIT_K"])
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
+    xg = transposed(x) if xt else x
     w12_wgmma_kernel[grid](
-        c_desc, a_desc, x_desc, x, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
-        ws, cnt, m, w.n, kw, x.stride(0), y.stride(0), kper, num_warps=bn // 16,
-        maxnreg=MAXNREG, **consts)
+        c_desc, a_desc, x_desc, xg, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
+        ws, cnt, m, w.n, kw, xg.stride(0), y.stride(0), kper, num_warps=bn // 16,
+        maxnreg=MAXNREG, **consts, **pdl.launch(xt))
     return y
