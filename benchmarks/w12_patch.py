@@ -77,8 +77,8 @@ Three more ring variants compute the real products (checked against the fp32 ref
 the shipped kernel with its escape correction scheduled otherwise: `early` (all of it before
 the main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
 steps instead of ESC_R's one) and `guarded` (each peeled step guarded by its own `if`, the
-twenty-sixth run's form: ptxas then hoists each load's first use above the next step, so
-the ranges' round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
+twenty-sixth run's form: ptxas then hoists the ranges' first use above step 0, so that
+round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from benchmarks.w12_patch import _alu_asm, patched_module
+from benchmarks.w12_patch import _alu_asm, baseline_module, patched_module
 from specpilot.kernels import w12_gluon
 from tests.test_kernels_sm90 import POINTERS, TARGET
 
@@ -264,3 +264,22 @@ def test_escape_loads_are_waited_on_only_under_a_later_step(tmp_path):
     assert len(got["shipped"]) == 3 + 8 + 32, got["shipped"]
     assert min(got["shipped"]) >= 1, got["shipped"]
     assert min(got["guarded"]) == 0, got["guarded"]
+
+
+def test_baseline_loads_an_earlier_checkouts_kernel_beside_the_shipped_one(tmp_path):
+    """`--baseline DIR`: the w12_gluon.py / w12_wgmma.py in DIR import as their own modules
+    (the copy's w12_wgmma takes its helpers from the copy's w12_gluon, not the shipped one);
+    a DIR without them is a one-line error."""
+    import shutil
+
+    from specpilot.kernels import w12_gluon as shipped_gluon
+    from specpilot.kernels import w12_wgmma
+
+    for mod in (shipped_gluon, w12_wgmma):
+        shutil.copy(mod.__file__, tmp_path)
+    base = baseline_module(str(tmp_path))
+    assert base is not w12_wgmma and base.__name__.endswith("_baseline")
+    assert base._esc_fetch is not w12_wgmma._esc_fetch  # from the copied w12_gluon
+    assert callable(base.w12_wgmma_matmul)
+    with pytest.raises(SystemExit, match="holds no w12_gluon.py"):
+        baseline_module(str(tmp_path / "missing"))
