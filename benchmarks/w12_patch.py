@@ -72,13 +72,14 @@ consumers re-read it: the consumers' own time), `no_rest` (the escape correction
 first round only: rows with more than ESC_R * ESC_U escapes in a split stay partly
 uncorrected, so the tile's fullest rows add no rounds after the main loop), `no_xs` (`no_rest`
 without the peeled round's x loads: its columns taken as -1, so the loads are masked off and
-compiled away; its columns and values are still fetched).
+compiled away, and with them the columns' loads, then unused; its values are still fetched).
 Three more ring variants compute the real products (checked against the fp32 reference):
 the shipped kernel with its escape correction scheduled otherwise: `early` (all of it before
 the main loop, the twenty-fifth run's form), `esc_r2` (two rounds in flight under the first
-steps instead of ESC_R's one) and `guarded` (each peeled step guarded by its own `if`, the
-twenty-sixth run's form: ptxas then hoists the ranges' first use above step 0, so that
-round trip waits exposed, as `tests/test_w12_patch.py` checks in the SASS).
+steps instead of ESC_R's one) and `guarded` (each peeled step guarded by its own `if`, as in
+the twenty-sixth run, the rest of this kernel kept: ptxas then hoists the ranges' first use
+above step 0, so that round trip waits exposed, as `tests/test_w12_patch.py` checks in the
+SASS).
 
 --kind xhit: timing only, wrong products. What x's loads cost the picks beyond their
 instructions: `xrow` gives every batch row of the tile x's first row (the x offsets' row

@@ -279,7 +279,10 @@ def test_wgmma_kernel_matches_reference(n, k):
     checked in test_fused_kernels_match_reference): ragged N and K (TMA zero-fills past the ends), split-K (5 splits of
     4096 columns leave one without a step: dropped), rings of 2-4 steps, escapes (row 5 holds
     one every 37 columns: more than one round of the row-parallel correction, `_esc_rows`,
-    in every split); a weight too narrow for its step is refused with a clear error."""
+    in every split), batches of two row tiles (9 rows in tiles of 8, 20 in tiles of 16: x^T's
+    second tile); every output column checked on its own, against its sum of |x * w| terms
+    (row 5's large escapes would hide the other rows in one norm); a weight too narrow for
+    its step is refused with a clear error."""
     from specpilot.kernels.w12_triton import w12_matmul
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -287,7 +290,7 @@ def test_wgmma_kernel_matches_reference(n, k):
     w[0, 0], w[n - 1, 5], w[3, 7] = 40.0, 1e-30, -0.0
     w[5, ::37] = 3e4
     p = fmt.pack(w)
-    for b, bm in ((2, 8), (8, 8), (13, 16), (32, 32)):
+    for b, bm in ((2, 8), (8, 8), (9, 8), (13, 16), (20, 16), (32, 32)):
         for bn, bk, split, stages in ((64, 256, 1, 2), (128, 128, 3, 4), (64, 128, 2, 4),
                                       (64, 256, 5, 3)):
             cfg = KernelConfig(bm=bm, bn=bn, bk=bk, split_k=split, warps=bn // 16,
@@ -302,3 +305,6 @@ def test_wgmma_kernel_matches_reference(n, k):
             ref = x.float() @ w.float().T
             err = ((y.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (b, cfg.label, err)
+            terms = (x.float().abs() @ w.float().abs().T).norm(dim=0)
+            col_err = ((y.float() - ref).norm(dim=0) / terms).max().item()
+            assert col_err < 1e-2, (b, cfg.label, col_err)

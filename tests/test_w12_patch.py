@@ -124,7 +124,8 @@ def test_tl_hint_copies_drop_the_word_loads_evict_first_policy():
 def _compile_wgmma(mod, what: str = "ptx"):
     """PTX (or cubin) of a `w12_wgmma` module's kernel for sm_90 at 16 rows of x, 64 weight
     rows, 256-column steps and a ring of 2 (the ring kind's first config), its escapes' x
-    values gathered from x^T (as on weights with escapes), under its own register cap."""
+    values gathered from x^T (as on weights with escapes), under its own register cap; its
+    pointers, M and strides divisible by 16, as Triton specializes them at 16 rows of x."""
     import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -139,8 +140,11 @@ def _compile_wgmma(mod, what: str = "ptx"):
     names = inspect.signature(mod.w12_wgmma_kernel.fn).parameters
     sig = {a: "constexpr" if a in consts else descs.get(a) or POINTERS.get(a, "i32")
            for a in names}
-    k = triton.compile(GluonASTSource(fn=mod.w12_wgmma_kernel, signature=sig, constexprs=consts),
-                       target=TARGET, options={"num_warps": 4, "maxnreg": mod.MAXNREG})
+    attrs = {(list(names).index(a),): [["tt.divisibility", 16]] for a in names
+             if a.endswith("_ptr") or a in ("M", "stride_xm", "stride_ym")}
+    k = triton.compile(GluonASTSource(fn=mod.w12_wgmma_kernel, signature=sig, constexprs=consts,
+                                      attrs=attrs), target=TARGET,
+                       options={"num_warps": 4, "maxnreg": mod.MAXNREG})
     return k.asm[what]
 
 
@@ -185,9 +189,11 @@ def test_tiled_and_floor_copies_patch_the_copies_they_say():
 
 
 def _issue_order(ptx: str) -> str:
-    """The PTX's global loads (L) and wgmma steps (S, 16 wgmma) in program order."""
-    marks = ["L" if "ld.global" in line else "W" for line in ptx.splitlines()
-             if "ld.global" in line or "wgmma.mma_async" in line]
+    """The PTX's global loads (L), wgmma steps (S, 16 wgmma) and grid-dependency waits (G) in
+    program order."""
+    marks = ["L" if "ld.global" in line else "G" if "griddepcontrol.wait" in line else "W"
+             for line in ptx.splitlines()
+             if "ld.global" in line or "wgmma.mma_async" in line or "griddepcontrol.wait" in line]
     return re.sub("W{16}", "S", "".join(marks))
 
 
@@ -207,18 +213,20 @@ def test_escape_schedules_issue_their_round_trips_where_they_say():
     rounds = w12_wgmma.ESC_R.value
     # the peeled steps, the loop's step (and no step in the short-split branch)
     assert order["shipped"].count("S") == order["guarded"].count("S") == 3 * rounds + 1
-    # ranges, step 0, a round's fetch, step 1, its x values, step 2 (16 rows of x: 32 loads)
-    assert re.match(r"L{3}SL{8}SL{32}S", order["shipped"]), order["shipped"][:80]
-    assert re.match(r"L{3}SL{8}SL{32}", order["guarded"]), order["guarded"][:80]
+    # ranges, step 0, a round's fetch, step 1, the wait for x^T's writer, its x values (16 rows
+    # of x from x^T: 4 16-byte loads), step 2; the short-split branch waits before its x too
+    assert re.match(r"L{3}SL{8}SGL{4}S", order["shipped"]), order["shipped"][:80]
+    assert order["shipped"].count("G") == 2 and re.search(r"L{8}GL{4}", order["shipped"][14:])
+    assert re.match(r"L{3}SL{8}S", order["guarded"]), order["guarded"][:80]
     assert order["esc_r2"].count("S") == 7
-    assert re.match(r"L{3}SL{8}SL{32}SSL{8}SL{32}S", order["esc_r2"])
+    assert re.match(r"L{3}SL{8}SGL{4}SSL{8}SL{4}S", order["esc_r2"])
     early = order["early"]
-    assert early.count("S") == 1 and early.startswith("L" * (3 + 8 + 32) + "S")
+    assert early.count("S") == 1 and early.startswith("L" * 3 + "G" + "L" * (8 + 4) + "S")
     # no_rest (timing only) keeps the peeled round and drops the rounds after the loop
     no_rest = _issue_order(_compile_wgmma(patched_module("ring", "no_rest")))
     assert no_rest.count("S") == 3 * rounds + 1
     assert no_rest.startswith(order["shipped"][:order["shipped"].index("S", 6) + 1])
-    assert no_rest.count("L") == order["shipped"].count("L") - (8 + 32)
+    assert no_rest.count("L") == order["shipped"].count("L") - (8 + 4)
 
 
 def _first_waits(sass: str) -> list[int]:
@@ -248,8 +256,10 @@ def test_escape_loads_are_waited_on_only_under_a_later_step(tmp_path):
     """Where the compiled code first waits on each escape load (the SASS's scoreboards): in
     the shipped kernel every one of them (the ranges, a round's columns and values, its x
     values) only after the next step's mbarrier wait, so its round trip runs under a step.
-    With each peeled step guarded by its own `if` (`guarded`, the twenty-sixth run's form),
-    ptxas hoists the ranges' first use above step 0 and that round trip waits exposed."""
+    With each peeled step guarded by its own `if` (`guarded`: the twenty-sixth run's guards,
+    the rest of this kernel kept), ptxas hoists the ranges' first use above step 0 and that
+    round trip waits exposed. Compiled as `_compile_wgmma` builds it (16-byte vector x^T
+    gathers, as at 16 and 32 rows of x)."""
     import triton
 
     from specpilot.kernels import w12_wgmma
@@ -261,7 +271,7 @@ def test_escape_loads_are_waited_on_only_under_a_later_step(tmp_path):
         path.write_bytes(_compile_wgmma(mod, "cubin"))
         got[name] = _first_waits(subprocess.run([tool, "-sass", str(path)], capture_output=True,
                                                 text=True, check=True).stdout)
-    assert len(got["shipped"]) == 3 + 8 + 32, got["shipped"]
+    assert len(got["shipped"]) == 3 + 8 + 4, got["shipped"]
     assert min(got["shipped"]) >= 1, got["shipped"]
     assert min(got["guarded"]) == 0, got["guarded"]
 

@@ -14,7 +14,11 @@ done. Kernels of other libraries (cuBLAS, torch) are launched as usual and waite
 full. CUDA graphs keep the programmatic edges of a captured step.
 
 PDL is off unless a caller turns it on for a region (`scope`); the engine does so around
-its steps when its `pdl` knob is on.
+its steps when its `pdl` knob is on. One pair uses it whatever the region: the W12 wgmma
+kernel behind its own x^T kernel (`w12_wgmma.transposed`), launched back to back in one
+call. The x^T kernel releases it only after its own `enter`, so x is written when the wgmma
+kernel starts, and that kernel reads x (never a tensor the x^T kernel writes) before its
+wait; nothing may be launched between the two.
 """
 
 from __future__ import annotations

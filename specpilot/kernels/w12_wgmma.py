@@ -284,6 +284,8 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     x_desc = TensorDescriptor.from_tensor(x, [bm, sw], xl)
     grid = (triton.cdiv(w.n, bn) * triton.cdiv(m, bm), consts["SPLIT_K"])
     ws, cnt = workspace(x.device, grid[0] * grid[1] * bm * bn, grid[0])
+    # nothing may launch between these two: the kernel reads x before its wait, which is safe
+    # only because the kernel it follows released it after waiting for x's writer (pdl.py)
     xg = transposed(x) if xt else x
     w12_wgmma_kernel[grid](
         c_desc, a_desc, x_desc, xg, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
