@@ -452,6 +452,17 @@ def _esc_xs_t(col, xt_ptr, M, stride_xt, pid_m, BM: gl.constexpr, WARPS: gl.cons
 
 
 @gluon.jit
+def _esc_x3(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constexpr,
+            U: gl.constexpr, XT: gl.constexpr):
+    """`_esc_xs_t` with XT (x_ptr then x^T, stride_xm its row stride), else `_esc_xs`."""
+    if XT:
+        x3 = _esc_xs_t(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U)
+    else:
+        x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U)
+    return x3
+
+
+@gluon.jit
 def _esc_terms(x3, bits, base):
     """[BM, BN]: the sum over a round's escapes of x * value - x * placeholder (`_esc_add`'s
     terms; empty slots add 0), from what `_esc_xs`, `_esc_fetch` and `_esc_ranges` loaded."""
@@ -469,20 +480,15 @@ def _esc_rows(lo, hi, base, p_first, x_ptr, ecol_ptr, ebits_ptr, M, stride_xm, p
     """[BM, BN] escape correction of a split's share of the tile's escapes from escape p_first
     of each row on, row-parallel: each weight row's escapes are its own CSR range (from
     `_esc_ranges`), escape p of a row goes to split p % SPLIT_K (p_first is this split's), and
-    two threads walk each row U escapes a round (`_esc_fetch`, then `_esc_xs`, or with XT
-    `_esc_xs_t`, x_ptr being x^T and stride_xm its row stride): two dependent round trips a
-    round, as many rounds as the tile's fullest row needs (a row holds about
+    two threads walk each row U escapes a round (`_esc_fetch`, then `_esc_x3`): two dependent
+    round trips a round, as many rounds as the tile's fullest row needs (a row holds about
     K x 1e-4 escapes on the benchmark's LLM-like weights), where `_epilogue`'s chunks take two
     per ECH escapes of the whole tile. Callable in a warp-specialized partition."""
     esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, U)))
     most = gl.max(hi - lo, axis=0)
     for p0 in range(p_first, most, U * SPLIT_K):
         col, bits = _esc_fetch(lo, hi, p0, ecol_ptr, ebits_ptr, BM, SPLIT_K, WARPS, U)
-        if XT:
-            x3 = _esc_xs_t(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U)
-        else:
-            x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U)
-        esc += _esc_terms(x3, bits, base)
+        esc += _esc_terms(_esc_x3(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, U, XT), bits, base)
     return esc
 
 

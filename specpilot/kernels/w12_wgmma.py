@@ -59,8 +59,7 @@ from .w12_gluon import (
     _esc_ranges,
     _esc_rows,
     _esc_terms,
-    _esc_xs,
-    _esc_xs_t,
+    _esc_x3,
     _gdc,
     _lr,
     _program_ids,
@@ -118,13 +117,9 @@ def _gather(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constex
             FIRST: gl.constexpr, XT: gl.constexpr):
     """A round's x values at its escapes' columns: from x^T with XT (the first round waiting
     for the kernel that wrote it: `griddepcontrol.wait`), else from x."""
-    if XT:
-        if FIRST:
-            _gdc("griddepcontrol.wait;")
-        x3 = _esc_xs_t(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
-    else:
-        x3 = _esc_xs(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U)
-    return x3
+    if XT and FIRST:
+        _gdc("griddepcontrol.wait;")
+    return _esc_x3(col, x_ptr, M, stride_xm, pid_m, BM, WARPS, ESC_U, XT)
 
 
 @gluon.jit
@@ -273,7 +268,7 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
         raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
     if x.data_ptr() % 16 or x.stride(0) % 8:  # TMA reads 16-byte aligned rows only
         x = x.clone(memory_format=torch.contiguous_format)
-    xt = m <= 32 and w.esc_col.numel() > 0 and pdl.supported(x.device)
+    xt = m <= 32 and w.n_escapes > 0 and pdl.supported(x.device)
     kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages, xt)
     sw = consts["SW"]
     kw = w.kp // 8
