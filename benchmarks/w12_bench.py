@@ -53,6 +53,7 @@ from specpilot.kernels.w12_triton import (
     GLUON,
     PIPE,
     WGMMA,
+    XT,
     KernelConfig,
     w12_candidates,
     w12_default_config,
@@ -206,7 +207,7 @@ def explore_candidates(b: int) -> list[KernelConfig]:
         for bn, bk, s, p in itertools.product((64, 128), (256,), (1, 2, 4), (2, 3, 4)):
             if p * (3 * bn * bk // 2 + 2 * bm * bk) <= 200 * 1024:
                 cfgs.append(K(bm=bm, bn=bn, bk=bk, split_k=s, warps=bn // 16, stages=p,
-                              dot=True, variant=WGMMA))
+                              dot=True, variant=WGMMA | XT))
     return list(dict.fromkeys(cfgs))  # the engine's grid first, each config once
 
 

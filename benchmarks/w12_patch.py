@@ -60,8 +60,8 @@ with cp.async, which takes no policy; `cg` makes those copies skip L1 too.
 
 --kind ring: timing only, wrong products. What bounds the TMA + wgmma kernel
 (`w12_wgmma.py`) at batch 16-32: its configs (64 weight rows, 256-column steps, rings of 2-3,
-1-2 splits) launched from the shipped module and from copies with its work taken away part
-by part: `ring` (the consumers only wait for each stage and release it: no shared reads,
+1-2 splits) launched from the shipped module (with x^T, `XT`, and without) and from copies
+(with XT) with its work taken away part by part: `ring` (the consumers only wait for each stage and release it: no shared reads,
 decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the words alone),
 `l2` (every step re-reads its split's first step: the same copies and math, fed from L2),
 `words_r64` and `words_r80` (`words` under a launch register cap of 64 or 80 instead of
@@ -413,19 +413,27 @@ def _tl_configs(mods: dict):
 
 def _ring_configs(mods: dict):
     """(x, y, packed, ship, b) -> the shipped pick, then each TMA + wgmma config launched
-    from the shipped module and from each patched copy."""
-    from specpilot.kernels.w12_triton import WGMMA, KernelConfig, w12_matmul
+    from the shipped module (without and with `XT`) and from each patched copy (with XT
+    where its kernel takes it: an earlier checkout's may not)."""
+    import inspect
+
+    from specpilot.kernels.w12_triton import WGMMA, XT, KernelConfig, w12_matmul
+
+    def xt_kw(mod) -> dict:
+        return {"xt": True} if "xt" in inspect.signature(mod.w12_wgmma_matmul).parameters \
+            else {}
 
     def configs(x, y, packed, ship, b):
         out = [("shipped " + ship.label, lambda p: w12_matmul(x, p, ship, out=y))]
         bm = 8 if b <= 8 else 16 if b <= 16 else 32
         for split, stages in ((1, 2), (1, 3), (2, 2)):
-            c = KernelConfig(bm=bm, bn=64, bk=256, split_k=split, warps=4, stages=stages,
-                             dot=True, variant=WGMMA)
-            out.append((c.label, lambda p, c=c: w12_matmul(x, p, c, out=y)))
+            for xt in (0, XT):
+                c = KernelConfig(bm=bm, bn=64, bk=256, split_k=split, warps=4, stages=stages,
+                                 dot=True, variant=WGMMA | xt)
+                out.append((c.label, lambda p, c=c: w12_matmul(x, p, c, out=y)))
             for variant, mod in mods.items():
                 out.append((f"{variant} {c.label}", lambda p, c=c, mod=mod: mod.w12_wgmma_matmul(
-                    x, p, y, c.bm, c.bn, c.bk, c.split_k, c.stages)))
+                    x, p, y, c.bm, c.bn, c.bk, c.split_k, c.stages, **xt_kw(mod))))
         return out
 
     return configs

@@ -3,12 +3,21 @@ fresh inputs with NaN-poisoned outputs, device unpack bit-exact, W12Linear dispa
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import candidate_configs
-from specpilot.kernels.w12_triton import GLUON, PIPE, WGMMA, KernelConfig, w12_candidates
+from specpilot.kernels.w12_triton import (
+    GLUON,
+    PIPE,
+    WGMMA,
+    XT,
+    KernelConfig,
+    w12_candidates,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -260,9 +269,10 @@ def test_wgmma_kernel_takes_x_views_tma_cannot_read():
     w[5, ::37] = 3e4
     p = fmt.pack(w)
     wide = torch.randn(16, k + 3, device="cuda", generator=g).to(torch.bfloat16)
-    cfg = KernelConfig(bm=16, bn=64, bk=128, split_k=2, warps=4, stages=2, dot=True,
-                       variant=WGMMA)
-    for x in (wide[:, 1:k + 1], wide[:, :k], wide[1:, :k]):
+    for variant, x in itertools.product((WGMMA, WGMMA | XT),
+                                        (wide[:, 1:k + 1], wide[:, :k], wide[1:, :k])):
+        cfg = KernelConfig(bm=16, bn=64, bk=128, split_k=2, warps=4, stages=2, dot=True,
+                           variant=variant)
         assert x.data_ptr() % 16 or x.stride(0) % 8  # not a TMA-readable x
         y = torch.full((x.shape[0], n), float("nan"), device="cuda", dtype=torch.bfloat16)
         w12_matmul(x, p, cfg, out=y)
@@ -273,16 +283,18 @@ def test_wgmma_kernel_takes_x_views_tma_cannot_read():
         assert ((y.float() - ref).norm() / ref.norm()).item() < 1e-2
 
 
+@pytest.mark.parametrize("xt", [False, True])
 @pytest.mark.parametrize("n,k", [(1000, 1056), (1000, 4000), (4096, 4096)])
-def test_wgmma_kernel_matches_reference(n, k):
+def test_wgmma_kernel_matches_reference(n, k, xt):
     """The warp-specialized TMA + wgmma kernel (the tuning grid's batch 9-32 configs are
     checked in test_fused_kernels_match_reference): ragged N and K (TMA zero-fills past the ends), split-K (5 splits of
     4096 columns leave one without a step: dropped), rings of 2-4 steps, escapes (row 5 holds
     one every 37 columns: more than one round of the row-parallel correction, `_esc_rows`,
     in every split), batches of two row tiles (9 rows in tiles of 8, 20 in tiles of 16: x^T's
-    second tile); every output column checked on its own, against its sum of |x * w| terms
-    (row 5's large escapes would hide the other rows in one norm); a weight too narrow for
-    its step is refused with a clear error."""
+    second tile); the escapes' x values gathered from x and (xt) from x^T; every output
+    column checked on its own, against its sum of |x * w| terms (row 5's large escapes would
+    hide the other rows in one norm); a weight too narrow for its step is refused with a
+    clear error."""
     from specpilot.kernels.w12_triton import w12_matmul
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
@@ -294,7 +306,7 @@ def test_wgmma_kernel_matches_reference(n, k):
         for bn, bk, split, stages in ((64, 256, 1, 2), (128, 128, 3, 4), (64, 128, 2, 4),
                                       (64, 256, 5, 3)):
             cfg = KernelConfig(bm=bm, bn=bn, bk=bk, split_k=split, warps=bn // 16,
-                               stages=stages, dot=True, variant=WGMMA)
+                               stages=stages, dot=True, variant=WGMMA | (XT if xt else 0))
             x = torch.randn(b, k, device="cuda", generator=g).to(torch.bfloat16)
             y = torch.full((b, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             if bk // 8 > p.gw:

@@ -32,7 +32,8 @@ straight from global memory into MMA registers; bm 8 or 16, `stages` = steps pre
 CUDA only; bit 8, `XPRE`, loads x slices a step ahead too; bit 9, `SK`, launches it
 stream-K: `split_k` programs an SM share the (tile, step) units evenly), bit 7 (`WGMMA`) =
 the TMA + wgmma kernel of `w12_wgmma.py` (in the grid at batch 9-32, with 16 or 32 rows of x;
-bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring steps). Under
+bm 8/16/32, bn 64 or 128 weight rows, `stages` = shared-memory ring steps; bit 11, `XT`,
+gathers the escapes' x values from x^T made by a small kernel launched ahead of it). Under
 TRITON_INTERPRET=1 (CPU tests) the plain decode is used, activations/outputs are fp32 and
 `f32_dot=True`: the interpreter mishandles bf16 and cannot run PTX.
 """
@@ -56,6 +57,7 @@ SK = 512  # with GLUON: stream-K (`split_k` = programs an SM, sharing the (tile,
 L1EF = 1024  # with GLUON: the words load with an L1 evict-first hint only, no L2 policy
 PIPE = 16  # the GEMV's loop pipelined through shared memory, `stages` deep (`LOOP_STAGES`)
 DEFER = 32  # the GEMV's first escape chunk spread over its first two steps (`ESC_DEFER`)
+XT = 2048  # with WGMMA: the escapes' x values from x^T (made ahead, PDL in between)
 
 
 @dataclass(frozen=True)
@@ -653,8 +655,11 @@ def w12_candidates(b: int) -> list[KernelConfig]:
         cfgs += [replace(c, variant=c.variant | L1EF) for c in cfgs
                  if c.variant & GLUON]
         # the TMA + wgmma kernel, its escapes corrected row-parallel before its main loop
+        # and gathered from x^T (XT). Timed alone, configs without XT win by 1-8% on five
+        # smaller shapes at 16 rows, but the 8B-class engine on a table of such picks ran 1.3%
+        # slower at batch 16 (docs/BENCHMARKS.md, twenty-eighth run): the grid keeps XT only
         cfgs += [K(bm=16 if b <= 16 else 32, bn=bn, bk=256, split_k=s, warps=bn // 16,
-                   stages=p, dot=True, variant=WGMMA) for bn, s, p in WGMMA_GRID]
+                   stages=p, dot=True, variant=WGMMA | XT) for bn, s, p in WGMMA_GRID]
     return cfgs
 
 
@@ -734,7 +739,8 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
         if cfg.variant & WGMMA:
             from .w12_wgmma import w12_wgmma_matmul
 
-            return w12_wgmma_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.stages)
+            return w12_wgmma_matmul(x, w, y, cfg.bm, cfg.bn, cfg.bk, cfg.split_k, cfg.stages,
+                                    bool(cfg.variant & XT))
         from .w12_gluon import w12_gluon_matmul, w12_gluon_sk_matmul
 
         run = w12_gluon_sk_matmul if cfg.variant & SK else w12_gluon_matmul

@@ -29,8 +29,10 @@ twenty-seventh run). So on a weight with escapes the call first makes x^T [K, M]
 round where x takes 16 two-byte ones). The kernel is launched with PDL behind the
 transpose, which releases it once x is known written: the producer streams words and x
 tiles meanwhile and the consumers wait (`griddepcontrol.wait`) only before their first
-gather, after step 1.
-In the tuning grid at batch 9-32 (`WGMMA_GRID`).
+gather, after step 1. A config asks for this (`w12_triton.XT`, every config of the grid:
+timed alone, calls without it win on the smaller shapes at 16 rows, where the transpose's
+launch costs more than the gathers save, but the engine ran slower on such picks;
+docs/BENCHMARKS.md, twenty-eighth run). In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
 from __future__ import annotations
@@ -259,16 +261,16 @@ def transposed(x: torch.Tensor) -> torch.Tensor:
 
 
 def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn: int, bk: int,
-                     split_k: int, stages: int) -> torch.Tensor:
-    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8). A weight with
-    escapes, on a device with PDL: x^T is made first (`transposed`) and the kernel, launched
-    with PDL behind it, gathers the escapes' x values from it (XT)."""
+                     split_k: int, stages: int, xt: bool = False) -> torch.Tensor:
+    """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8). With xt, on a
+    weight with escapes and a device with PDL: x^T is made first (`transposed`) and the
+    kernel, launched with PDL behind it, gathers the escapes' x values from it (XT)."""
     m, k = x.shape
     if k % 8:
         raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
     if x.data_ptr() % 16 or x.stride(0) % 8:  # TMA reads 16-byte aligned rows only
         x = x.clone(memory_format=torch.contiguous_format)
-    xt = m <= 32 and w.n_escapes > 0 and pdl.supported(x.device)
+    xt = xt and m <= 32 and w.n_escapes > 0 and pdl.supported(x.device)
     kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages, xt)
     sw = consts["SW"]
     kw = w.kp // 8
