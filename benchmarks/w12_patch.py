@@ -61,9 +61,10 @@ with cp.async, which takes no policy; `cg` makes those copies skip L1 too.
 --kind ring: timing only, wrong products. What bounds the TMA + wgmma kernel
 (`w12_wgmma.py`) at batch 16-32: its configs (64 weight rows, 256-column steps, rings of 2-3,
 1-2 splits) launched from the shipped module (with x^T, `XT`, and without) and from copies
-(with XT) with its work taken away part by part: `ring` (the consumers only wait for each stage and release it: no shared reads,
-decode or MMAs; the TMA ring alone), `words` (`ring` without the x copies: the words alone),
-`l2` (every step re-reads its split's first step: the same copies and math, fed from L2),
+(with XT) with its work taken away part by part: `ring` (the consumers only wait for each
+stage and release it: no shared reads, decode or MMAs; the TMA ring alone), `words` (`ring`
+without the x copies: the words alone), `l2` (every step re-reads its split's first step:
+the same copies and math, fed from L2),
 `words_r64` and `words_r80` (`words` under a launch register cap of 64 or 80 instead of
 128: 4 or 3 programs an SM instead of 2); `tiled` and `tiled_words` (the kernel, and `words`,
 with each word tile copied as one contiguous 8 KB box, as a tile-major storage layout would
