@@ -362,10 +362,15 @@ def patched_module(kind: str, variant: str):
         src += _DECODE_PATCHED.format(doc=_ALU_DOC.format(rounds=ALU[variant]), pack=1,
                                       asm=_alu_asm(ALU[variant]),
                                       constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
-    path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), f"{stem}_{variant}.py")
+    return _module_from_source(src, f"{stem}_{variant}")
+
+
+def _module_from_source(src: str, stem: str):
+    """`src` imported as the module `specpilot.kernels.<stem>` (from a temporary file)."""
+    path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), stem + ".py")
     with open(path, "w") as f:
         f.write(src)
-    name = f"specpilot.kernels.{stem}_{variant}"
+    name = f"specpilot.kernels.{stem}"
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod  # the copy's dataclasses look their module up there
@@ -385,14 +390,7 @@ def baseline_module(folder: str):
                              "checkout to compare against")
         with open(path) as f:
             src = f.read().replace("from .w12_gluon import", "from .w12_gluon_baseline import")
-        tmp = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), stem + "_baseline.py")
-        with open(tmp, "w") as f:
-            f.write(src)
-        name = f"specpilot.kernels.{stem}_baseline"
-        spec = importlib.util.spec_from_file_location(name, tmp)
-        mods[stem] = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mods[stem]
-        spec.loader.exec_module(mods[stem])
+        mods[stem] = _module_from_source(src, stem + "_baseline")
     return mods["w12_wgmma"]
 
 

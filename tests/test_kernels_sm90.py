@@ -115,18 +115,18 @@ def test_every_tuning_config_compiles_for_sm90(builds):
     assert not failed, "\n".join(failed)
 
 
-_WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages)
+_WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages,
+                       bool(c.variant & w12_triton.XT))
                       for b in BUCKETS for c in w12_triton.w12_candidates(b)
                       if c.variant & w12_triton.WGMMA})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("bm,bn,bk,split,stages,xt",
-                         [(8, 64, 256, 1, 2, False), (32, 128, 128, 3, 4, True)]
-                         + [c + (True,) for c in _WGMMA_GRID])
+                         [(8, 64, 256, 1, 2, False), (32, 128, 128, 3, 4, True)] + _WGMMA_GRID)
 def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages, xt):
     """The warp-specialized TMA + wgmma W12 kernel builds for sm_90, every config of the
-    tuning grid among them (with the escapes' x values from x^T, as on weights with escapes):
+    tuning grid among them (with x^T where the config asks, as on weights with escapes):
     its tensor descriptors are typed by their block shape and shared layout; its escape
     correction (`_esc_rows`, global loads) starts before its main loop's MMAs; with x^T it
     waits for x^T's writer (`griddepcontrol.wait`) and from x it does not."""

@@ -10,14 +10,7 @@ import torch
 
 from specpilot.kernels import w12 as fmt
 from specpilot.kernels.tuning import candidate_configs
-from specpilot.kernels.w12_triton import (
-    GLUON,
-    PIPE,
-    WGMMA,
-    XT,
-    KernelConfig,
-    w12_candidates,
-)
+from specpilot.kernels.w12_triton import GLUON, PIPE, WGMMA, XT, KernelConfig, w12_candidates
 
 pytestmark = pytest.mark.gpu
 
