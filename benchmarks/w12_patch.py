@@ -139,7 +139,8 @@ _TILED = (
     (_COPIES, _TILED_COPIES),
     ("GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr):",
      "GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr,\n             BN: gl.constexpr):"),
-    ("n0, pid_m * BM, GW, SW, STAGES)),", "n0 * (KW // SW), pid_m * BM, GW, SW, STAGES, BN)),"),
+    ("n0, pid_m * BM, PDL, GW, SW, STAGES)),",
+     "n0 * (KW // SW), pid_m * BM, PDL, GW, SW, STAGES, BN)),"),
     ("w.codes.view(torch.int32).view(w.n, kw)", "w.codes.view(torch.int32).view(-1, sw)"),
     ("w.a.view(torch.int32).view(w.n, 2 * kw)", "w.a.view(torch.int32).view(-1, sw)"),
 )

@@ -122,17 +122,21 @@ _WGMMA_GRID = sorted({(c.bm, c.bn, c.bk, min(c.split_k, 2), c.stages,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("bm,bn,bk,split,stages,xt",
-                         [(8, 64, 256, 1, 2, False), (32, 128, 128, 3, 4, True)] + _WGMMA_GRID)
-def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages, xt):
+@pytest.mark.parametrize("bm,bn,bk,split,stages,xt,use_pdl",
+                         [(8, 64, 256, 1, 2, False, False), (32, 128, 128, 3, 4, True, False),
+                          (16, 64, 256, 2, 3, False, True), (32, 128, 256, 1, 2, True, True)]
+                         + [c + (False,) for c in _WGMMA_GRID])
+def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages, xt, use_pdl):
     """The warp-specialized TMA + wgmma W12 kernel builds for sm_90, every config of the
     tuning grid among them (with x^T where the config asks, as on weights with escapes):
     its tensor descriptors are typed by their block shape and shared layout; its escape
-    correction (`_esc_rows`, global loads) starts before its main loop's MMAs; with x^T it
-    waits for x^T's writer (`griddepcontrol.wait`) and from x it does not."""
+    correction (`_esc_rows`, global loads) starts before its main loop's MMAs; launched
+    with PDL (behind its x^T kernel, or behind x's writer) it waits for that kernel
+    (`griddepcontrol.wait`) and releases the next one, and launched without it does
+    neither."""
     from triton.experimental.gluon import language as gl
 
-    _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages, xt)
+    _, consts = w12_wgmma.wgmma_constants(4096, 64, bm, bn, bk, split, stages, xt, use_pdl)
     sw = consts["SW"]
     wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
     xl = gl.NVMMASharedLayout.get_default_for([bm, sw], gl.bfloat16)
@@ -151,5 +155,6 @@ def test_wgmma_kernel_compiles_for_sm90(bm, bn, bk, split, stages, xt):
     assert "setmaxnreg" in ptx  # the producer warp gives its registers to the consumers
     assert f"m64n{bm}k16" in ptx
     assert ptx.index("ld.global") < ptx.index("wgmma.mma_async")  # escapes first
-    assert ("griddepcontrol.wait" in ptx) == xt
+    assert ("griddepcontrol.wait" in ptx) == (xt or use_pdl)
+    assert ("griddepcontrol.launch_dependents" in ptx) == (xt or use_pdl)
     assert len(_WGMMA_GRID) >= 8  # the grid holds the kernel at both batch buckets

@@ -114,10 +114,13 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
     then waits 1 ms before it writes x over a NaN-poisoned buffer. A control consumer that
     never waits does read the poison (so the race is real on this device), and every Gluon
     and TMA + wgmma config of the W12 grid (batch 2-32; the wgmma kernel behind its x^T
-    kernel, the weight holding escapes) and each batch's first Triton config still match
-    the fp32 reference."""
+    kernel, the weight holding escapes, and each such config also without x^T: then
+    launched with PDL behind the writer itself) and each batch's first Triton config still
+    match the fp32 reference."""
+    from dataclasses import replace
+
     from specpilot.kernels import w12 as fmt
-    from specpilot.kernels.w12_triton import GLUON, WGMMA, w12_candidates, w12_matmul
+    from specpilot.kernels.w12_triton import GLUON, WGMMA, XT, w12_candidates, w12_matmul
 
     if not pdl.supported(torch.device("cuda")):
         pytest.skip("PDL needs compute capability 9.0+")
@@ -152,7 +155,9 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
     for b in (1, 2, 4, 8, 16, 32):
         ref = x[:b].float() @ w.float().T
         grid = w12_candidates(b)
-        for cfg in [c for i, c in enumerate(grid) if i == 0 or c.variant & (GLUON | WGMMA)]:
+        cfgs = [c for i, c in enumerate(grid) if i == 0 or c.variant & (GLUON | WGMMA)]
+        cfgs += [replace(c, variant=c.variant & ~XT) for c in cfgs if c.variant & XT]
+        for cfg in cfgs:
             def run(xbuf, y, cfg=cfg, b=b):
                 with pdl.scope(True):
                     w12_matmul(xbuf[:b], p, cfg, out=y)
@@ -160,5 +165,7 @@ def test_w12_kernels_wait_for_the_kernel_that_writes_x():
                                                        dtype=torch.bfloat16))
             err = ((y.float() - ref).norm() / ref.norm()).item()
             assert err < 1e-2, (b, cfg.label, err)
-            kinds |= {k for k, bit in (("gluon", GLUON), ("wgmma", WGMMA)) if cfg.variant & bit}
-    assert kinds == {"gluon", "wgmma"}  # both kernels' configs were among them
+            kinds |= {k for k, bit in (("gluon", GLUON), ("wgmma", WGMMA), ("xt", XT))
+                      if cfg.variant & bit}
+            kinds |= {"wgmma without x^T"} if cfg.variant & (WGMMA | XT) == WGMMA else set()
+    assert kinds == {"gluon", "wgmma", "xt", "wgmma without x^T"}  # each kind was among them

@@ -18,7 +18,8 @@ its steps when its `pdl` knob is on. One pair uses it whatever the region: the W
 kernel behind its own x^T kernel (`w12_wgmma.transposed`), launched back to back in one
 call. The x^T kernel releases it only after its own `enter`, so x is written when the wgmma
 kernel starts, and that kernel reads x (never a tensor the x^T kernel writes) before its
-wait; nothing may be launched between the two.
+wait; nothing may be launched between the two. (Inside the region the wgmma kernel without
+x^T is launched with PDL behind x's writer and keeps the contract like the others.)
 """
 
 from __future__ import annotations

@@ -31,8 +31,14 @@ transpose, which releases it once x is known written: the producer streams words
 tiles meanwhile and the consumers wait (`griddepcontrol.wait`) only before their first
 gather, after step 1. A config asks for this (`w12_triton.XT`, every config of the grid:
 timed alone, calls without it win on the smaller shapes at 16 rows, where the transpose's
-launch costs more than the gathers save, but the engine ran slower on such picks;
-docs/BENCHMARKS.md, twenty-eighth run). In the tuning grid at batch 9-32 (`WGMMA_GRID`).
+launch costs more than the gathers save; end to end such picks ran slower while the kernel
+without XT was launched without PDL, and within 0.2% once it was; docs/BENCHMARKS.md,
+twenty-eighth and twenty-ninth runs). Without XT, inside the engine's PDL region (`pdl.py`)
+the kernel is launched with PDL behind x's writer itself: the producer copies step 0's
+words, waits (`griddepcontrol.wait`), then copies x; the consumers wait before anything
+but their escape ranges. Launched with PDL either way, the consumers release the next
+kernel after their main loop (`RELEASE_DEPENDENTS`; the 8B-class step 1.7% faster at batch
+16). In the tuning grid at batch 9-32 (`WGMMA_GRID`).
 """
 
 from __future__ import annotations
@@ -72,9 +78,10 @@ from .w12_triton import split_words
 
 @gluon.jit
 def _produce(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, nsteps, n0, m0,
-             GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr):
+             PDL: gl.constexpr, GW: gl.constexpr, SW: gl.constexpr, STAGES: gl.constexpr):
     """The producer warp: step t's words and x slices into stage t % STAGES by TMA, once the
-    consumers have released it (a fresh barrier counts as released)."""
+    consumers have released it (a fresh barrier counts as released). With PDL (launched
+    while x's writer may still run) it waits for that kernel after step 0's word copies."""
     for t in range(nsteps):
         s = t % STAGES
         mbarrier.wait(empty.index(s), ((t // STAGES) & 1) ^ 1)
@@ -85,6 +92,9 @@ def _produce(c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, n
         tma.async_copy_global_to_shared(c_desc, [n0, w], bar, c_s.index(s))
         tma.async_copy_global_to_shared(a_desc, [n0, wa], bar, a0_s.index(s))
         tma.async_copy_global_to_shared(a_desc, [n0, wa + GW], bar, a1_s.index(s))
+        if PDL:  # noqa: SIM102 (PDL is a constexpr, t a run-time value)
+            if t == 0:
+                _gdc("griddepcontrol.wait;")
         colb = w + 7 * (w // GW) * GW
         for i in gl.static_range(8):
             tma.async_copy_global_to_shared(x_desc, [m0, colb + i * GW], bar,
@@ -128,16 +138,22 @@ def _gather(col, x_ptr, M, stride_xm, pid_m, BM: gl.constexpr, WARPS: gl.constex
 def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr, erow_ptr,
              ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm, stride_ym, n0, pid_m,
              pid_k, tile, BM: gl.constexpr, BN: gl.constexpr, SPLIT_K: gl.constexpr,
-             ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, XT: gl.constexpr):
+             ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr, XT: gl.constexpr,
+             PDL: gl.constexpr, RELEASE: gl.constexpr):
     """The consumer warps: the steps (`_step`), the first ESC_R rounds of the split's
     escape correction issued one round trip a step between the first 3 * ESC_R, the rest
     after them; then the epilogue. With XT the escapes' x values come from x^T (x_ptr,
-    written by the kernel launched just before this one, waited for before the first)."""
+    written by the kernel launched just before this one, waited for before the first).
+    With PDL (launched behind x's writer, without XT) they wait for that kernel before
+    anything but their escape ranges. Launched either way, with RELEASE they let the next
+    kernel launch after their loop."""
     acc_l: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                     instr_shape=[16, BM, 16])
     acc = gl.zeros([BN, BM], gl.float32, acc_l)
     lo, hi, base = _esc_ranges(rowptr_ptr, base_ptr, N, n0, BM, BN, WARPS, ESC_U)
     esc = gl.zeros([BM, BN], gl.float32, gl.SliceLayout(2, _lr(BM, WARPS, ESC_U)))
+    if PDL:  # before any gather of x or store (no step can run before x is in anyway)
+        _gdc("griddepcontrol.wait;")
     t0 = 0
     if nsteps >= 3 * ESC_R:  # each round trip in flight under a step (no step is guarded:
         # ptxas hoists a load's first use above a guarded step, exposing its round trip)
@@ -158,6 +174,8 @@ def _consume(c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr
                               bits, base)
     for t in range(t0, nsteps):
         acc = _step(c_s, a0_s, a1_s, x_s, ready, empty, t, acc, STAGES)
+    if RELEASE:
+        _gdc("griddepcontrol.launch_dependents;")
     # rows with more than ESC_R * ESC_U escapes in this split
     esc += _esc_rows(lo, hi, base, pid_k + ESC_R * ESC_U * SPLIT_K, x_ptr, ecol_ptr, ebits_ptr, M,
                      stride_xm, pid_m, BM, BN, SPLIT_K, WARPS, ESC_U, XT)
@@ -172,7 +190,7 @@ def w12_wgmma_kernel(
     ws_ptr, cnt_ptr, M, N, KW, stride_xm, stride_ym, K_PER,
     BM: gl.constexpr, BN: gl.constexpr, SW: gl.constexpr, GW: gl.constexpr,
     SPLIT_K: gl.constexpr, ECH: gl.constexpr, WARPS: gl.constexpr, STAGES: gl.constexpr,
-    XT: gl.constexpr,
+    XT: gl.constexpr, PDL: gl.constexpr, RELEASE: gl.constexpr,
 ):
     tile, pid_n, pid_m, pid_k = _program_ids(M, BM)
     n0 = pid_n * BN
@@ -191,9 +209,9 @@ def w12_wgmma_kernel(
         (_consume, (c_s, a0_s, a1_s, x_s, ready, empty, nsteps, x_ptr, base_ptr, rowptr_ptr,
                     erow_ptr, ecol_ptr, ebits_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, stride_xm,
                     stride_ym, n0, pid_m, pid_k, tile, BM, BN, SPLIT_K, ECH, WARPS, STAGES,
-                    XT)),
+                    XT, PDL, RELEASE)),
         (_produce, (c_desc, a_desc, x_desc, c_s, a0_s, a1_s, x_s, ready, empty, w_lo, nsteps,
-                    n0, pid_m * BM, GW, SW, STAGES)),
+                    n0, pid_m * BM, PDL, GW, SW, STAGES)),
     ], [1], [24])
 
 
@@ -201,6 +219,9 @@ def w12_wgmma_kernel(
 # the rounds issued one round trip a step under the first 3 * ESC_R steps
 ESC_U = gl.constexpr(4)
 ESC_R = gl.constexpr(1)
+
+# Launched with PDL, the consumers let the next kernel launch after their main loop.
+RELEASE_DEPENDENTS = True
 
 # Registers a thread at launch, so that two programs (a consumer warpgroup of 64 rows + the
 # producer's warpgroup) share an SM; the consumers take 232 back from the producer's 24.
@@ -210,10 +231,10 @@ MAXNREG = 128
 
 
 def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
-                    stages: int, xt: bool = False) -> tuple[int, dict]:
+                    stages: int, xt: bool = False, use_pdl: bool = False) -> tuple[int, dict]:
     """(words per split, the kernel's constexprs) of a call with bm rows of x, bn weight
-    rows (one warpgroup per 64), a K step of bk columns and (xt) the escapes' x values
-    gathered from x^T."""
+    rows (one warpgroup per 64), a K step of bk columns, (xt) the escapes' x values
+    gathered from x^T and (use_pdl, without xt) launched with PDL behind x's writer."""
     if bm not in (8, 16, 32):
         raise ValueError(f"the wgmma W12 kernel takes 8, 16 or 32 rows of x, got {bm}")
     if bn not in (64, 128):
@@ -226,7 +247,8 @@ def wgmma_constants(kp: int, gw: int, bm: int, bn: int, bk: int, split_k: int,
     return kper, {"BM": bm, "BN": bn, "SW": sw, "GW": gw,
                   "SPLIT_K": -(-(kp // 8) // kper),  # splits left with no step are dropped
                   "ECH": 4 if bm == 32 else 8,  # [32, BN, 8] escape temporaries spill
-                  "WARPS": bn // 16, "STAGES": stages, "XT": xt}
+                  "WARPS": bn // 16, "STAGES": stages, "XT": xt,
+                  "PDL": use_pdl and not xt, "RELEASE": (xt or use_pdl) and RELEASE_DEPENDENTS}
 
 
 @triton.jit
@@ -264,14 +286,16 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
                      split_k: int, stages: int, xt: bool = False) -> torch.Tensor:
     """y [M, N] = x [M, K] @ w.T (x contiguous bf16 rows, K a multiple of 8). With xt, on a
     weight with escapes and a device with PDL: x^T is made first (`transposed`) and the
-    kernel, launched with PDL behind it, gathers the escapes' x values from it (XT)."""
+    kernel, launched with PDL behind it, gathers the escapes' x values from it (XT).
+    Otherwise it is launched with PDL where `pdl.active` says so, behind x's writer."""
     m, k = x.shape
     if k % 8:
         raise ValueError(f"the wgmma W12 kernel needs K a multiple of 8 (TMA), got {k}")
     if x.data_ptr() % 16 or x.stride(0) % 8:  # TMA reads 16-byte aligned rows only
         x = x.clone(memory_format=torch.contiguous_format)
     xt = xt and m <= 32 and w.n_escapes > 0 and pdl.supported(x.device)
-    kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages, xt)
+    kper, consts = wgmma_constants(w.kp, w.gw, bm, bn, bk, split_k, stages, xt,
+                                   pdl.active(x.device))
     sw = consts["SW"]
     kw = w.kp // 8
     wl = gl.NVMMASharedLayout.get_default_for([bn, sw], gl.int32)
@@ -287,5 +311,5 @@ def w12_wgmma_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     w12_wgmma_kernel[grid](
         c_desc, a_desc, x_desc, xg, w.base, w.esc_rowptr, w.esc_row, w.esc_col, w.esc_bits, y,
         ws, cnt, m, w.n, kw, xg.stride(0), y.stride(0), kper, num_warps=bn // 16,
-        maxnreg=MAXNREG, **consts, **pdl.launch(xt))
+        maxnreg=MAXNREG, **consts, **pdl.launch(xt or consts["PDL"]))
     return y
