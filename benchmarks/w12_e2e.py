@@ -1,7 +1,8 @@
 """End to end: AR decode with bf16 cuBLAS, bf16 + the Triton GEMV backend, and W12 weights,
 on one random-weight model in one device call (run from the repo root):
 
-    PYTHONPATH=. python3 benchmarks/w12_e2e.py [--preset 8b] [--batches 1,8] [--kernels] [--out DIR]
+    PYTHONPATH=. python3 benchmarks/w12_e2e.py [--preset 8b] [--batches 1,8] [--kernels]
+        [--release on|off] [--out DIR]
     .venv/bin/python benchmarks/w12_e2e.py --smoke     # CPU, tiny model: exercises the code
 
 For each batch size: tokens/s of the engine (CUDA graphs, fused projections) with
@@ -36,7 +37,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_perf import force, noise, prompts_for
 
-from specpilot.kernels import tuning
+from specpilot.kernels import tuning, w12_wgmma
 from specpilot.kernels.gemv_bf16 import apply_gemv
 from specpilot.kernels.w12_linear import apply_w12
 from specpilot.kernels.w12_triton import KernelConfig
@@ -155,8 +156,12 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, fp32")
     ap.add_argument("--kernels", action="store_true",
                     help="decode with the engine's fused Triton kernels and attention kernel")
+    ap.add_argument("--release", choices=("on", "off"), default="on",
+                    help="the wgmma W12 kernel releases the next kernel after its loop "
+                    "(w12_wgmma.RELEASE_DEPENDENTS; off: as before the twenty-ninth run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    w12_wgmma.RELEASE_DEPENDENTS = args.release == "on"
     dev = "cpu" if args.smoke else "cuda"
     dt = "float32" if args.smoke else "bfloat16"
     preset = "tiny" if args.smoke else args.preset
@@ -164,7 +169,7 @@ def main() -> int:
     n_new = 8 if args.smoke else args.new_tokens
     t0 = time.perf_counter()
     LOG.update(preset=preset, batches=batches, new_tokens=n_new, prompt_len=args.prompt_len,
-               kernels=args.kernels,
+               kernels=args.kernels, release=args.release,
                device=torch.cuda.get_device_name() if dev == "cuda" else "cpu")
 
     base = allocated(dev)
