@@ -67,10 +67,14 @@ def test_never_active_on_cpu():
 @pytest.mark.gpu
 def test_pdl_step_equals_plain_step_bit_for_bit():
     """Every Triton kernel of a decode and a verify step launched with PDL (CUDA graph,
-    W12 and bf16 GEMV layers, the attention kernel) gives the same logits, bit for bit,
-    as without: PDL changes when blocks start, never what they compute."""
+    W12 and bf16 GEMV layers, the attention kernel; on sm_90 the verify step's W12 layers
+    on the TMA + wgmma kernel, with and without x^T, which release the kernel after them
+    early) gives the same logits, bit for bit, as without: PDL changes when blocks start,
+    never what they compute."""
     from specpilot.kernels.gemv_bf16 import apply_gemv
+    from specpilot.kernels.tuning import TunedTable
     from specpilot.kernels.w12_linear import apply_w12
+    from specpilot.kernels.w12_triton import WGMMA, XT, KernelConfig
     from specpilot.runtime.config import ModelConfig
     from specpilot.runtime.cuda_graphs import StepGraphs
     from specpilot.runtime.generate import Engine
@@ -84,7 +88,16 @@ def test_pdl_step_equals_plain_step_bit_for_bit():
                       max_position_embeddings=4096)
     model = random_transformer(cfg, "cuda", "bfloat16", seed=3, std=0.05, fused=True)
     model.set_attention_kernel(True)
-    apply_w12(model, min_gain=0.0, skip=("mlp",))  # attention projections and head in W12
+    table = None
+    if torch.cuda.get_device_capability()[0] >= 9:  # 10 rows (T = 5): the wgmma kernel
+        table = TunedTable(device="test")
+        for n, xt in ((768, XT), (512, 0), (4096, XT)):  # qkv, o (without x^T), LM head
+            kc = KernelConfig(bm=16, bn=64, bk=128, stages=2, dot=True, variant=WGMMA | xt)
+            table.entries[f"w12:{n}x512:b16"] = {"config": kc.to_dict(), "median_us": 1.0}
+    apply_w12(model, min_gain=0.0, skip=("mlp",), table=table)  # attention and head in W12
+    if table is not None:
+        assert all(m._config(16).variant & WGMMA for m in model.modules()
+                   if type(m).__name__ == "W12Linear")
     apply_gemv(model)
     assert any(type(m).__name__ == "W12Linear" for m in model.modules())
     for T in (1, 5):
