@@ -60,8 +60,9 @@ def step_graph(model, B: int, T: int = 1, kv_len: int = 256, pos0: int = 150):
     return (lambda: g.run("s", fn)), first, fn
 
 
-def profile_table(replay, steps: int = 10) -> tuple[list[dict], float]:
-    """Per-kernel rows {name, per_step, us_per_step} over `steps` replays, and the sum."""
+def cuda_events(replay, steps: int, sync_each: bool = False) -> list:
+    """The GPU kernels' profiler events of `steps` replays after a warm one (torch.profiler;
+    with sync_each, a host sync after every replay, else after the last)."""
     from torch.profiler import ProfilerActivity, profile
 
     replay()
@@ -69,11 +70,17 @@ def profile_table(replay, steps: int = 10) -> tuple[list[dict], float]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             replay()
+            if sync_each:
+                torch.cuda.synchronize()
         torch.cuda.synchronize()
+    return [e for e in prof.events()
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+
+
+def profile_table(replay, steps: int = 10) -> tuple[list[dict], float]:
+    """Per-kernel rows {name, per_step, us_per_step} over `steps` replays, and the sum."""
     rows = {}
-    for e in prof.events():
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
-            continue
+    for e in cuda_events(replay, steps):
         us = e.time_range.elapsed_us()
         r = rows.setdefault(e.name, {"name": e.name, "count": 0, "us": 0.0})
         r["count"] += 1

@@ -22,13 +22,14 @@ costs inside the step against what it costs by itself. Writes w12_step_profile.j
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
 
 import torch
 
-from benchmarks.fused_step import graph_ms, kind, step_graph
+from benchmarks.fused_step import cuda_events, graph_ms, kind, step_graph
 from specpilot.kernels import pdl, w12_wgmma
 from specpilot.kernels.tuning import TunedTable, bucket, graph_timer, load_table
 from specpilot.kernels.w12 import W12Weight
@@ -73,25 +74,16 @@ def alone_us(mod: W12Linear, B: int, on: bool) -> float:
           for _ in range(copies)]
     x = torch.randn(B, w.k, device="cuda", dtype=torch.bfloat16)
     y = torch.empty(B, w.n, device="cuda", dtype=torch.bfloat16)
-    cfg, it = mod._config(bucket(B)), iter(range(10**9))
+    cfg, nxt = mod._config(bucket(B)), itertools.cycle(ws)
     with pdl.scope(on):
-        ts = sorted(graph_timer(lambda: w12_matmul(x, ws[next(it) % copies], cfg, out=y),
-                                copies))
+        ts = sorted(graph_timer(lambda: w12_matmul(x, next(nxt), cfg, out=y), copies))
     return ts[len(ts) // 2]
 
 
 def timeline(replay, steps: int) -> list[list[dict]]:
     """Per replay, its kernels in start order: {name, start, end} in us."""
-    from torch.profiler import ProfilerActivity, profile
-
-    replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            replay()
-            torch.cuda.synchronize()
-    evs = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
-                  if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA)
+    evs = sorted((e.time_range.start, e.time_range.end, e.name)
+                 for e in cuda_events(replay, steps, sync_each=True))
     return split_replays(evs, steps)
 
 
