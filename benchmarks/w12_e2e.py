@@ -48,8 +48,12 @@ LOG: dict = {}
 
 
 def save(out: str) -> None:
-    with open(os.path.join(out, "w12_e2e.json"), "w") as f:
+    """LOG as out/w12_e2e.json (the folder made if missing; written whole, then renamed)."""
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "w12_e2e.json")
+    with open(path + ".tmp", "w") as f:
         json.dump(LOG, f, indent=1, default=str)
+    os.replace(path + ".tmp", path)
 
 
 def allocated(dev: str) -> int:
