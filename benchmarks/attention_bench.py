@@ -229,6 +229,7 @@ def main() -> int:
     ap.add_argument("--sweep", action="store_true", help="also the block-shape sweep")
     ap.add_argument("--skip-per-call", action="store_true")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # before the run, not after it
     t0 = time.perf_counter()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -245,6 +245,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--new-tokens", type=int, default=96)
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # before the run, not after it
     global DEV, DT, N_NEW
     DEV, DT, N_NEW = args.device, getattr(torch, args.dtype), args.new_tokens
     if DEV == "cuda" and not torch.cuda.is_available():

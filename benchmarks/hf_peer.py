@@ -88,6 +88,7 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)  # before the run, not after it
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dt = torch.bfloat16 if dev == "cuda" else torch.float32
     rows = run_peer(a.preset, dev, dt, a.new_tokens)

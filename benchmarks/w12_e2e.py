@@ -48,8 +48,7 @@ LOG: dict = {}
 
 
 def save(out: str) -> None:
-    """LOG as out/w12_e2e.json (the folder made if missing; written whole, then renamed)."""
-    os.makedirs(out, exist_ok=True)
+    """LOG as out/w12_e2e.json (written whole, then renamed)."""
     path = os.path.join(out, "w12_e2e.json")
     with open(path + ".tmp", "w") as f:
         json.dump(LOG, f, indent=1, default=str)
@@ -165,6 +164,7 @@ def main() -> int:
                     "(w12_wgmma.RELEASE_DEPENDENTS; off: as before the twenty-ninth run)")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)  # before the run, not after it
     w12_wgmma.RELEASE_DEPENDENTS = args.release == "on"
     dev = "cpu" if args.smoke else "cuda"
     dt = "float32" if args.smoke else "bfloat16"

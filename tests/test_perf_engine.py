@@ -230,6 +230,19 @@ def test_gpu_perf_smoke_runs_on_cpu(tmp_path):
     assert "verdict: PASS" in r.stdout and (tmp_path / "gpu_perf.json").is_file()
 
 
+def test_w12_e2e_smoke_writes_its_report_into_a_new_folder(tmp_path):
+    """benchmarks/w12_e2e.py's code paths on the CPU, its --out folder made before the run
+    (a missing one used to fail only when the report was written, after the runs)."""
+    out = tmp_path / "new" / "dir"
+    r = subprocess.run([sys.executable, "benchmarks/w12_e2e.py", "--smoke", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin"}, check=False)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "verdict: PASS" in r.stdout
+    assert json.loads((out / "w12_e2e.json").read_text())["rows"]
+    assert [p.name for p in out.iterdir()] == ["w12_e2e.json"]  # no temporary left
+
+
 def test_gpu_perf_spec_at_one_k_and_its_bad_flags(tmp_path):
     """--k runs every spec row at that k (the oracle's outputs still token-forced: no
     failures); a k out of range and W12 weights with the verify sweep are one-line refusals."""
