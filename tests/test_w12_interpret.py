@@ -106,6 +106,30 @@ def _child() -> None:
     out["unpack_odd_shape"] = bool(torch.equal(w12_unpack(w12.pack(odd)).view(torch.int16),
                                                odd.view(torch.int16)))
 
+    # planes stored as row views of larger buffers (benchmarks/w12_layout.py): the kernels
+    # take each plane's row stride, so outputs are bit-identical to the dense planes'
+    from benchmarks.w12_layout import LAYOUTS, relayout
+
+    w = (torch.randn(24, 2048, generator=g) * 0.02).to(torch.bfloat16)
+    w[3, 5] = 0.0
+    p = w12.pack(w)
+    x = torch.randn(3, 2048, generator=g)
+    out["layouts"] = {}
+    for kind in LAYOUTS[1:]:
+        q = relayout(p, kind)
+        same = []
+        for kw in ({"bm": 4, "bn": 8, "bk": 1024}, {"bm": 4, "bn": 8, "bk": 256, "variant": 49},
+                   {"bm": 16, "bn": 16, "bk": 256, "dot": True, "variant": 6}):
+            cfg = KernelConfig(**kw)
+            same.append(bool(torch.equal(w12_matmul(x, q, cfg, f32_dot=True),
+                                         w12_matmul(x, p, cfg, f32_dot=True))))
+        out["layouts"][kind] = {
+            "strided": q.a.stride(0) != q.kp, "linear": same,
+            "triton_unpack": bool(torch.equal(w12_unpack(q).view(torch.int16),
+                                              w.view(torch.int16))),
+            "torch_unpack": bool(torch.equal(w12.unpack(q).view(torch.int16),
+                                             w.view(torch.int16)))}
+
     # tune() on the real interpreted kernel, with a fake timer keyed on the config
     n, k, m = 16, 256, 1
     w = (torch.randn(n, k, generator=g) * 0.02).to(torch.bfloat16)
@@ -164,6 +188,16 @@ def test_split_k_counters_return_to_zero(results):
 def test_triton_unpack_is_bit_exact(results):
     assert results["unpack_all_patterns"]
     assert results["unpack_odd_shape"]
+
+
+def test_planes_as_row_views_give_identical_results(results):
+    """`benchmarks/w12_layout.py`'s layouts (padded rows; a row's codes and A words in one
+    buffer): the fused kernel (GEMV, pipelined GEMV, sliced tensor-core path) is bit-identical
+    to the dense planes', and both unpacks are bit-exact."""
+    assert sorted(results["layouts"]) == ["pad", "rows", "rows_pad"]
+    for kind, r in results["layouts"].items():
+        assert r == {"strided": True, "linear": [True, True, True], "triton_unpack": True,
+                     "torch_unpack": True}, kind
 
 
 def test_transposed_x_for_the_wgmma_gathers(results):

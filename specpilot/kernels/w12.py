@@ -86,6 +86,11 @@ class W12Weight:
     def device(self) -> torch.device:
         return self.a.device
 
+    def row_strides(self) -> tuple[int, int]:
+        """Row strides of the `a` and `codes` planes in 32-bit words, as the kernels take them
+        (the planes may be row views of a larger buffer)."""
+        return self.a.stride(0) // 4, self.codes.stride(0) // 4
+
     def tensors(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in TENSOR_FIELDS}
 
@@ -217,12 +222,12 @@ def unpack_fields(w12: W12Weight) -> tuple[Tensor, Tensor]:
     of each decoded w' (0, 0 for escapes and padding)."""
     n, kp, gw = w12.n, w12.kp, w12.gw
     ng = kp // (8 * gw)
-    words = _words_of_bytes(w12.codes.view(n, ng, 4 * gw))  # [n, ng, gw]
+    words = _words_of_bytes(w12.codes.reshape(n, ng, 4 * gw))  # [n, ng, gw]
     rot = ((words >> 4) | (words << 28)) & 0xFFFFFFFF
     shifts = torch.arange(0, 32, 8, device=w12.device).view(1, 1, 4, 1)
     h = torch.stack([(words[:, :, None] >> shifts) & H_MASK,
                      (rot[:, :, None] >> shifts) & H_MASK], 2)  # [n, ng, 2, 4, gw]
-    a_words = _words_of_bytes(w12.a.view(n, ng, 2, 4 * gw))  # [n, ng, 2, gw]
+    a_words = _words_of_bytes(w12.a.reshape(n, ng, 2, 4 * gw))  # [n, ng, 2, gw]
     lo = (a_words[:, :, :, None] >> shifts[None]) & 0xFF  # [n, ng, 2, 4, gw]
     return h.reshape(n, kp).to(torch.int32), lo.reshape(n, kp).to(torch.int32)
 

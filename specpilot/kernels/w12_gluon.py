@@ -592,7 +592,7 @@ def w12_gluon_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int, bn
     kw = w.kp // 8
     w12_gluon_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
-        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, *w.row_strides(), x.stride(0),
         y.stride(0), kper, num_warps=warps, **consts, **pdl.launch(on))
     return y
 
@@ -640,6 +640,6 @@ def w12_gluon_sk_matmul(x: torch.Tensor, w: W12Weight, y: torch.Tensor, bm: int,
     ws, cnt = workspace(x.device, tiles * slots * bm * bn, tiles)
     w12_gluon_sk_kernel[(p,)](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
-        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, *w.row_strides(), x.stride(0),
         y.stride(0), steps, units, slots, num_warps=warps, **consts, **pdl.launch(on))
     return y

@@ -754,7 +754,7 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
     kw = w.kp // 8
     w12_linear_kernel[grid](
         x, w.a.view(torch.int32), w.codes.view(torch.int32), w.base, w.esc_rowptr, w.esc_row,
-        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, w.kp // 4, kw, x.stride(0),
+        w.esc_col, w.esc_bits, y, ws, cnt, m, w.n, k, kw, *w.row_strides(), x.stride(0),
         y.stride(0), kper, num_warps=cfg.warps, num_stages=cfg.stages, **consts,
         **pdl.launch(on),
     )
@@ -762,8 +762,8 @@ def w12_matmul(x: torch.Tensor, w: W12Weight, cfg: KernelConfig, out: torch.Tens
 
 
 @triton.jit
-def w12_unpack_kernel(a_ptr, c_ptr, base_ptr, out_ptr, N, Kp, K, BN: tl.constexpr,
-                      GW: tl.constexpr):
+def w12_unpack_kernel(a_ptr, c_ptr, base_ptr, out_ptr, N, K, stride_a, stride_c,
+                      BN: tl.constexpr, GW: tl.constexpr):
     """bf16 bit patterns (int16) of one column group of BN rows; escapes (decoded as the
     placeholder here) are patched after."""
     pid_n = tl.program_id(0)
@@ -772,9 +772,9 @@ def w12_unpack_kernel(a_ptr, c_ptr, base_ptr, out_ptr, N, Kp, K, BN: tl.constexp
     g = tl.arange(0, GW)[None, :]
     r2 = rows[:, None]
     rmask = (r2 < N) & (g >= 0)
-    cw = tl.load(c_ptr + r2 * (Kp // 8) + grp * GW + g, mask=rmask, other=0)
-    a0 = tl.load(a_ptr + r2 * (Kp // 4) + grp * 2 * GW + g, mask=rmask, other=0)
-    a1 = tl.load(a_ptr + r2 * (Kp // 4) + grp * 2 * GW + GW + g, mask=rmask, other=0)
+    cw = tl.load(c_ptr + r2 * stride_c + grp * GW + g, mask=rmask, other=0)
+    a0 = tl.load(a_ptr + r2 * stride_a + grp * 2 * GW + g, mask=rmask, other=0)
+    a1 = tl.load(a_ptr + r2 * stride_a + grp * 2 * GW + GW + g, mask=rmask, other=0)
     base = tl.load(base_ptr + rows, mask=rows < N, other=0).to(tl.int32)[:, None]
     rot = _rotr4(cw)
     for i in tl.static_range(8):
@@ -794,8 +794,8 @@ def w12_unpack(w: W12Weight) -> torch.Tensor:
     bn = 16
     gw = w.gw
     w12_unpack_kernel[(triton.cdiv(w.n, bn), w.kp // (8 * gw))](
-        w.a.view(torch.int32), w.codes.view(torch.int32), w.base, out, w.n, w.kp, w.k,
-        BN=bn, GW=gw)
+        w.a.view(torch.int32), w.codes.view(torch.int32), w.base, out, w.n, w.k,
+        *w.row_strides(), BN=bn, GW=gw)
     if w.n_escapes:
         out[w.esc_row.long(), w.esc_col.long()] = w.esc_bits
     return out.view(torch.bfloat16)
