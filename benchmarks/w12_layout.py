@@ -53,7 +53,8 @@ def relayout(p: fmt.W12Weight, kind: str) -> fmt.W12Weight:
     return fmt.W12Weight(p.n, p.k, **{**p.tensors(), "a": a, "codes": codes})
 
 
-def run_shape(name: str, batch: int, table, layouts: tuple[str, ...], rounds: int = 3) -> dict | None:
+def run_shape(name: str, batch: int, table, layouts: tuple[str, ...],
+              rounds: int = 3) -> dict | None:
     w, _, rot = w12_copies(name)
     n, k = w.shape
     ship = table.lookup("w12", n, k, batch)
