@@ -102,7 +102,7 @@ def main() -> None:
             print(f"{name:12s} {b:2d} {r['ship']:26s} {us['ship']:8.2f} "
                   + " ".join(f"{us[kind] / us['ship']:13.3f}" for kind in others)
                   + f"  {r['failed'] or ''} {r['differ'] or ''}", flush=True)
-    for kind in others:
+    for kind in others if rows else ():
         g = math.exp(sum(math.log(r["us"][kind] / r["us"]["ship"]) for r in rows) / len(rows))
         print(f"{kind}: geomean time {g:.3f}x ship's over {len(rows)} (shape, batch) cells")
 
