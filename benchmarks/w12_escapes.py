@@ -38,6 +38,22 @@ def no_escapes(p: fmt.W12Weight) -> fmt.W12Weight:
     return fmt.W12Weight(p.n, p.k, **{**p.tensors(), **none})
 
 
+def alternate(probs: dict, cfgs: dict, rounds: int = 3) -> tuple[dict, dict, list]:
+    """Each problem of `probs` checked and timed with its config `cfgs[key]`, the problems
+    alternating `rounds` times (so drift hits them alike): (median us per key, every
+    round's us per key, the keys that failed a check)."""
+    times = {key: [] for key in probs}
+    bad = []
+    for _ in range(rounds):
+        for key, prob in probs.items():
+            r = tune((prob.n, prob.k), prob.batch, [cfgs[key]], graph_timer, problem=prob,
+                     checks=1)[0]
+            times[key].append(r.median_us)
+            if not r.correct:
+                bad.append(key)
+    return {key: statistics.median(v) for key, v in times.items()}, times, bad
+
+
 def run_shape(name: str, batch: int, table, rounds: int = 3) -> dict | None:
     w, _, rot = w12_copies(name)
     n, k = w.shape
@@ -51,15 +67,7 @@ def run_shape(name: str, batch: int, table, rounds: int = 3) -> dict | None:
         probs["flip"] = probs["ship"]
         cfgs["flip"] = dataclasses.replace(ship, variant=ship.variant ^ DEFER)
     probs["no-esc"] = make_problems(n, k, batch, [fmt.unpack(empty[0])], empty)["w12"]
-    times = {key: [] for key in probs}
-    bad = []
-    for _ in range(rounds):
-        for key, prob in probs.items():
-            r = tune((n, k), batch, [cfgs[key]], graph_timer, problem=prob, checks=1)[0]
-            times[key].append(r.median_us)
-            if not r.correct:
-                bad.append(key)
-    med = {key: statistics.median(v) for key, v in times.items()}
+    med, times, bad = alternate(probs, cfgs, rounds)
     return {"shape": name, "batch": batch, "ship": ship.label,
             "flip": cfgs["flip"].label if "flip" in cfgs else None, "us": med, "runs": times,
             "failed": bad}

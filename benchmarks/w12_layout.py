@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 
 import torch
 
 from benchmarks.w12_bench import ALL_SHAPES, SHAPES, make_problems, w12_copies
+from benchmarks.w12_escapes import alternate
 from benchmarks.w12_probe import names_in
 from specpilot.kernels import w12 as fmt
-from specpilot.kernels.tuning import graph_timer, load_table, tune
+from specpilot.kernels.tuning import load_table
 from specpilot.kernels.w12_triton import w12_matmul
 
 LAYOUTS = ("ship", "pad", "rows", "rows_pad")
@@ -66,15 +66,7 @@ def run_shape(name: str, batch: int, table, layouts: tuple[str, ...],
     want = w12_matmul(x, weights["ship"][0], ship)
     differ = [kind for kind, ws in weights.items()
               if not torch.equal(w12_matmul(x, ws[0], ship), want)]
-    times = {kind: [] for kind in layouts}
-    bad = []
-    for _ in range(rounds):
-        for kind, prob in probs.items():
-            r = tune((n, k), batch, [ship], graph_timer, problem=prob, checks=1)[0]
-            times[kind].append(r.median_us)
-            if not r.correct:
-                bad.append(kind)
-    med = {kind: statistics.median(v) for kind, v in times.items()}
+    med, times, bad = alternate(probs, dict.fromkeys(probs, ship), rounds)
     return {"shape": name, "batch": batch, "ship": ship.label, "us": med, "runs": times,
             "failed": bad, "differ": differ}
 

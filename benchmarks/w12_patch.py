@@ -363,10 +363,10 @@ def patched_module(kind: str, variant: str):
         src += _DECODE_PATCHED.format(doc=_ALU_DOC.format(rounds=ALU[variant]), pack=1,
                                       asm=_alu_asm(ALU[variant]),
                                       constraints=DECODE_BF16_CONSTRAINTS.value + ",r")
-    return _module_from_source(src, f"{stem}_{variant}")
+    return module_from_source(src, f"{stem}_{variant}")
 
 
-def _module_from_source(src: str, stem: str):
+def module_from_source(src: str, stem: str):
     """`src` imported as the module `specpilot.kernels.<stem>` (from a temporary file)."""
     path = os.path.join(tempfile.mkdtemp(prefix="w12_patch_"), stem + ".py")
     with open(path, "w") as f:
@@ -391,7 +391,7 @@ def baseline_module(folder: str):
                              "checkout to compare against")
         with open(path) as f:
             src = f.read().replace("from .w12_gluon import", "from .w12_gluon_baseline import")
-        mods[stem] = _module_from_source(src, stem + "_baseline")
+        mods[stem] = module_from_source(src, stem + "_baseline")
     return mods["w12_wgmma"]
 
 

@@ -34,7 +34,7 @@ import torch
 
 from benchmarks.stream_read import read_us
 from benchmarks.w12_bench import ALL_SHAPES, bf16_copies, w12_copies
-from benchmarks.w12_patch import _module_from_source
+from benchmarks.w12_patch import module_from_source
 from benchmarks.w12_probe import names_in
 from specpilot.kernels.tuning import load_table
 
@@ -102,7 +102,7 @@ def stamped(kind: str):
         if src.count(old) != 1:
             raise SystemExit(f"{name} no longer has {old.strip()!r} once: update w12_timeline.py")
         src = src.replace(old, new)
-    return _module_from_source(src + STAMP, name.rsplit(".", 1)[1] + "_stamped")
+    return module_from_source(src + STAMP, name.rsplit(".", 1)[1] + "_stamped")
 
 
 def summary(replays: list[torch.Tensor]) -> dict:
@@ -167,10 +167,8 @@ def record(call, mod, launches: int, programs: int, replays: int) -> tuple[list,
     return got, statistics.median(times)
 
 
-stamped_mods: dict = {}
-
-
-def run_shape(name: str, table, replays: int) -> dict:
+def run_shape(name: str, table, replays: int, mods: dict) -> dict:
+    """The three kernels on shape `name`, each from its stamped module in `mods`."""
     from specpilot.kernels.w12_triton import launch_grid
 
     n, k = ALL_SHAPES[name]
@@ -181,20 +179,20 @@ def run_shape(name: str, table, replays: int) -> dict:
     y = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
     res = {"shape": name}
     for kind, weights, run in (
-            ("w12", copies, lambda c, i: stamped_mods["w12"].w12_matmul(x, copies[i], c, out=y)),
-            ("bf16", wb, lambda c, i: stamped_mods["bf16"].bf16_matmul(x, wb[i], c, out=y))):
+            ("w12", copies, lambda c, i: mods["w12"].w12_matmul(x, copies[i], c, out=y)),
+            ("bf16", wb, lambda c, i: mods["bf16"].bf16_matmul(x, wb[i], c, out=y))):
         cfg = table.lookup(kind, n, k, 1)
         if cfg is None:
             raise SystemExit(f"the shipped table has no {kind} entry for {name} at batch 1: "
                              "pick shapes it has (w12_bench.py tunes them)")
         g = launch_grid(1, n, cfg)
         y.fill_(float("nan"))
-        got, us = record(lambda i, c=cfg, run=run: run(c, i), stamped_mods[kind], len(weights),
+        got, us = record(lambda i, c=cfg, run=run: run(c, i), mods[kind], len(weights),
                          g[0] * g[1] * g[2], replays)
         err = float((y.float() - ref).norm() / ref.norm())
         res[kind] = {"config": cfg.label, "us": us, "rel_error": err, **summary(got)}
     # the plain read of the W12 bytes, with stream_read's best config for them
-    rd = stamped_mods["read"]
+    rd = mods["read"]
     nbytes = packed.nbytes
     _, label = read_us(nbytes)  # the unstamped kernel's best config
     block, steps, warps = map(int, re.fullmatch(r"block(\d+)x(\d+) w(\d+)", label).groups())
@@ -220,15 +218,14 @@ def main() -> None:
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     shapes = names_in(args.shapes, ALL_SHAPES, "shape")
-    for kind in PATCHES:
-        stamped_mods[kind] = stamped(kind)
+    mods = {kind: stamped(kind) for kind in PATCHES}
     table = load_table(torch.cuda.get_device_name())
     res = []
     print(f"{'shape':12s} {'kernel':6s} {'config':26s} {'us':>6s} {'span':>6s} {'ramp':>5s} "
           f"{'end50':>6s} {'tail':>5s} {'prog':>6s} {'gap':>5s} {'uneven':>6s} {'end sd':>6s} "
           f"{'by SM':>5s} {'by pid':>6s}  programs, per SM")
     for name in shapes:
-        r = run_shape(name, table, args.replays)
+        r = run_shape(name, table, args.replays, mods)
         res.append(r)
         torch.cuda.empty_cache()
         for kind in ("w12", "bf16", "read"):
