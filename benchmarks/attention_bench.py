@@ -1,7 +1,7 @@
 """Decode/verify attention per call: the Triton split-KV kernel vs SDPA (one device call).
 
-    PYTHONPATH=. python3 benchmarks/attention_bench.py [--out DIR] [--e2e] [--sweep]
-        [--skip-per-call] [--budget-s 240]
+    PYTHONPATH=. python3 benchmarks/attention_bench.py [--out DIR] [--e2e] [--sweep [--no-grid]]
+        [--ab] [--baseline FILE] [--skip-per-call] [--budget-s 240]
 
 Per call, on the 8B (nkv 8, G 4, hd 128) and 32B (nkv 8, G 8) attention shapes, batch
 1/8/32, T 1 and 9 query positions, S 256/1024/4096 attended slots (K/V slices of a larger
@@ -17,7 +17,12 @@ With --e2e: the 8B-class random model at batch 1 (fused projections, Triton elem
 kernels, Triton GEMV where tuned), engine AR decode with attention sdpa vs triton (A B A B),
 the verify step (k = 4), the CUDA-graph cuBLAS GEMM ceiling of benchmarks/gpu_perf.py, and
 the triton run's tokens forced through the SDPA model (tie-aware, its own margin).
-With --sweep (first): the kernel's block shape on the many-row verify shapes.
+With --sweep (first): every launch of a grid (BLOCK_N, warps, stages, KV splits) on 36
+decode/verify shapes (both models, batch 1/8/32, T 1/5, S 256/1024/4096) beside the kernel's
+own launch and, with --baseline FILE, an earlier attention.py's
+(`git show REV:specpilot/kernels/attention.py > FILE`); --no-grid: those alone.
+With --ab (needs --baseline): the 8B-class engine's graphed step (T 1/5, batch 1-32, kv_len
+256-4096) with the earlier kernel and with this one, alternated.
 Prints tables; writes attention_bench.json under --out (default $OUT or .).
 """
 
@@ -32,6 +37,7 @@ from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
+from triton.runtime.errors import OutOfResources
 
 from specpilot.kernels import attention as A
 from specpilot.kernels.tuning import graph_timer
@@ -103,8 +109,8 @@ def per_call(res: dict, deadline: float) -> None:
                     t_t = graph_us([lambda x=x, G=G: A.attend_merged(*x, G) for x in pick])
                     t_1 = (graph_us([lambda x=x, G=G: A.attend_merged(*x, G, splits=1)
                                      for x in pick]) if B == 1 else float("nan"))
-                    sp = A.choose_splits(B * nkv * -(-T * G // A.launch_config(T * G)[
-                        "BLOCK_M"]), S, A._sm_count(q.device))
+                    sp = A.choose_splits(B * nkv * -(-T * G // A.block_m(T * G)), S,
+                                         A._sm_count(q.device))
                     r = {"model": name, "B": B, "T": T, "S": S, "sdpa_us": t_s,
                          "triton_us": t_t, "triton_nosplit_us": t_1, "splits": sp,
                          "sdpa_err": e_s, "triton_err": e_t, "input_sets": n_sets}
@@ -115,56 +121,107 @@ def per_call(res: dict, deadline: float) -> None:
     res["per_call"] = rows
 
 
-# block shapes tried for the many-row shapes (T * G > 64): (BLOCK_M cap, num_warps)
-VARIANTS = {"m128w8": (128, 8), "m128w4": (128, 4), "m64w4": (64, 4), "m32w4": (32, 4),
-            "m16w4": (16, 4)}
-SWEEP = [("32b", 1, 17, 4096), ("32b", 8, 9, 1024), ("32b", 8, 9, 4096),
-         ("32b", 32, 9, 1024), ("32b", 32, 9, 4096), ("32b", 32, 17, 4096),
-         ("8b", 8, 17, 4096), ("8b", 32, 17, 4096)]
+# the launch grid swept per shape: (BLOCK_N, num_warps, num_stages) x KV slots a split
+TILES = [(bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
+CHUNKS = (128, 256, 512, 1024, None)  # None: one split
+SWEEP = [(name, B, T, S) for name in SHAPES for B in (1, 8, 32) for T in (1, 5)
+         for S in (256, 1024, 4096)]
+
+
+def split_count(S: int, chunk: int | None) -> int:
+    return 1 if chunk is None else max(1, -(-S // chunk))
 
 
 @torch.inference_mode()
-def sweep(res: dict, deadline: float) -> None:
-    """The kernel's block shape on the shapes with many query rows per KV head."""
+def sweep(res: dict, deadline: float, base, save, grid: bool = True) -> None:
+    """Every (BLOCK_N, warps, stages, split) of the grid on each decode/verify shape, beside
+    the kernel's own choice, `base`'s (an earlier attention.py, or None) and SDPA."""
     g = torch.Generator(device="cuda").manual_seed(1)
-    default = A.launch_config
-    print("\n[sweep] us per call of the kernel by (BLOCK_M cap, warps); default = "
-          "launch_config; err = rel. difference to SDPA")
-    print(f"{'model':>5}{'B':>4}{'T':>3}{'S':>6}{'sdpa':>8}{'default':>9}"
-          + "".join(f"{v:>9}" for v in VARIANTS) + f"{'max err':>9}")
+    print("\n[sweep] us per call; default = the kernel's own launch; best = the fastest of the "
+          "grid (BLOCK_N, warps, stages, splits); err = max rel. difference to SDPA")
+    print(f"{'model':>5}{'B':>4}{'T':>3}{'S':>6}{'sdpa':>8}{'base':>8}{'default':>9}"
+          f"{'best':>8}  {'best config':<18}{'base/best':>10}{'max err':>9}")
+    rows = []
+    for name, B, T, S in SWEEP:
+        if time.perf_counter() > deadline:
+            print("(time budget spent)")
+            break
+        nkv, G, hd = SHAPES[name]
+        per_set = 2 * B * nkv * S * hd * 2
+        n_sets = max(1, min(160, -(-L2_BYTES // per_set)))
+        sets = [make_inputs(B, nkv, G, hd, T, S, g) for _ in range(n_sets)]
+        pick = [sets[i % n_sets] for i in range(max(24, n_sets))]
+        ref = sdpa_path(*sets[0], G)
+        r = {"model": name, "B": B, "T": T, "S": S, "grid": {},
+             "sdpa_us": graph_us([lambda x=x, G=G: sdpa_path(*x, G) for x in pick])}
+        errs = [rel(A.attend_merged(*sets[0], G), ref)]
+        r["default_us"] = graph_us([lambda x=x, G=G: A.attend_merged(*x, G) for x in pick])
+        if base is not None:
+            errs.append(rel(base.attend_merged(*sets[0], G), ref))
+            r["base_us"] = graph_us([lambda x=x, G=G: base.attend_merged(*x, G)
+                                     for x in pick])
+        for (bn, w, st), chunk in itertools.product(TILES, CHUNKS) if grid else ():
+            sp = split_count(S, chunk)
+            key = f"n{bn}w{w}s{st}x{sp}"
+            if key in r["grid"]:
+                continue
+            cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            try:
+                errs.append(rel(A.attend_merged(*sets[0], G, splits=sp, config=cfg), ref))
+            except OutOfResources:  # e.g. 64 x 128 tiles three stages deep: too much smem
+                continue
+            r["grid"][key] = graph_us([
+                lambda x=x, G=G, sp=sp, cfg=cfg: A.attend_merged(*x, G, splits=sp, config=cfg)
+                for x in pick])
+        r["grid"].setdefault("default", r["default_us"])
+        r["best"] = min(r["grid"], key=r["grid"].get)
+        r["max_err_vs_sdpa"] = max(errs)
+        rows.append(r)
+        res["sweep"] = rows
+        save()
+        bt = r["grid"][r["best"]]
+        b_us = r.get("base_us", float("nan"))
+        print(f"{name:>5}{B:>4}{T:>3}{S:>6}{r['sdpa_us']:>8.1f}{b_us:>8.1f}{r['default_us']:>9.1f}"
+              f"{bt:>8.1f}  {r['best']:<18}{b_us / bt:>9.2f}x{max(errs):>9.1e}", flush=True)
+        del sets, pick
+
+
+AB_STEPS = [(1, 1, 256), (1, 1, 1024), (1, 1, 4096), (1, 5, 1024), (1, 5, 4096), (8, 5, 1024),
+            (16, 1, 256), (32, 1, 256), (32, 1, 1024)]  # (batch, T, kv_len)
+
+
+@torch.inference_mode()
+def step_ab(res: dict, deadline: float, base) -> None:
+    """The 8B-class engine's graphed step (fused kernels, Triton GEMV where tuned, PDL) with
+    this attention kernel and with `base`'s, alternated base, new, base, new per shape."""
+    import benchmarks.gpu_perf as gp
+    from specpilot.kernels.gemv_bf16 import apply_gemv
+    from specpilot.runtime.random_model import random_transformer
+
+    gp.ARGS = SimpleNamespace(device="cuda", pdl="on")
+    model = random_transformer("8b", "cuda", torch.bfloat16, seed=0, fused=True)
+    assert model.set_fused_kernels(True) and model.set_attention_kernel(True)
+    apply_gemv(model)
+    shipped = A.attend_merged
+    print("\n[step A/B] 8b random, graphed step ms (kernels, GEMV, PDL): base vs this kernel")
+    print(f"{'B':>4}{'T':>3}{'kv':>6}{'base ms':>10}{'new ms':>10}{'base/new':>10}")
     rows = []
     try:
-        for name, B, T, S in SWEEP:
+        for B, T, kv in AB_STEPS:
             if time.perf_counter() > deadline:
                 print("(time budget spent)")
                 break
-            nkv, G, hd = SHAPES[name]
-            per_set = 2 * B * nkv * S * hd * 2
-            n_sets = max(1, min(160, -(-L2_BYTES // per_set)))
-            sets = [make_inputs(B, nkv, G, hd, T, S, g) for _ in range(n_sets)]
-            pick = [sets[i % n_sets] for i in range(max(24, n_sets))]
-            ref = sdpa_path(*sets[0], G)
-            r = {"model": name, "B": B, "T": T, "S": S,
-                 "sdpa_us": graph_us([lambda x=x, G=G: sdpa_path(*x, G) for x in pick])}
-            errs = []
-            for vname, cfg in [("default", None), *VARIANTS.items()]:
-                if cfg is None:
-                    A.launch_config = default
-                else:
-                    A.launch_config = (lambda rows, cap=cfg[0], w=cfg[1]: {
-                        "BLOCK_M": min(cap, A.block_m(rows)), "BLOCK_N": A.BLOCK_N,
-                        "num_warps": w, "num_stages": 2})
-                errs.append(rel(A.attend_merged(*sets[0], G), ref))
-                r[vname] = graph_us([lambda x=x, G=G: A.attend_merged(*x, G) for x in pick])
-            A.launch_config = default
-            r["max_err_vs_sdpa"] = max(errs)
-            rows.append(r)
-            print(f"{name:>5}{B:>4}{T:>3}{S:>6}{r['sdpa_us']:>8.1f}{r['default']:>9.1f}"
-                  + "".join(f"{r[v]:>9.1f}" for v in VARIANTS) + f"{max(errs):>9.1e}")
-            del sets, pick
+            t = {"base": [], "new": []}
+            for _ in range(2):
+                for name, fn in (("base", base.attend_merged), ("new", shipped)):
+                    A.attend_merged = fn  # the model looks it up on the module at each call
+                    t[name].append(gp.step_ms(model, B, T, kv))
+            b, n = min(t["base"]), min(t["new"])
+            rows.append({"B": B, "T": T, "kv_len": kv, "base_ms": t["base"], "new_ms": t["new"]})
+            print(f"{B:>4}{T:>3}{kv:>6}{b:>10.3f}{n:>10.3f}{b / n:>9.3f}x", flush=True)
     finally:
-        A.launch_config = default
-    res["sweep"] = rows
+        A.attend_merged = shipped
+    res["step_ab"] = rows
 
 
 @torch.inference_mode()
@@ -175,7 +232,7 @@ def e2e(res: dict, deadline: float) -> None:
     from specpilot.runtime.generate import Engine
     from specpilot.runtime.random_model import random_transformer
 
-    gp.ARGS = SimpleNamespace(device="cuda")  # its time_ms reads the device from ARGS
+    gp.ARGS = SimpleNamespace(device="cuda", pdl="on")  # what its time_ms and step_ms read
     model = random_transformer("8b", "cuda", torch.bfloat16, seed=0, fused=True)
     assert model.set_fused_kernels(True)
     rep = apply_gemv(model)
@@ -226,25 +283,47 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=240)
     ap.add_argument("--e2e", action="store_true", help="also the 8B batch-1 decode step")
-    ap.add_argument("--sweep", action="store_true", help="also the block-shape sweep")
+    ap.add_argument("--sweep", action="store_true", help="also the launch-grid sweep")
+    ap.add_argument("--baseline", help="an earlier attention.py to time beside (--sweep, --ab)")
+    ap.add_argument("--no-grid", action="store_true", help="--sweep without the grid")
+    ap.add_argument("--ab", action="store_true", help="engine steps, --baseline's kernel vs this")
     ap.add_argument("--skip-per-call", action="store_true")
     args = ap.parse_args()
+    if args.ab and not args.baseline:
+        raise SystemExit("--ab compares against --baseline FILE: give one")
+    if args.baseline and not os.path.isfile(args.baseline):
+        raise SystemExit(f"--baseline {args.baseline}: no such file (git show "
+                         "REV:specpilot/kernels/attention.py > FILE makes one)")
     os.makedirs(args.out, exist_ok=True)  # before the run, not after it
+    base = None
+    if args.baseline:
+        from benchmarks.w12_patch import module_from_source
+        with open(args.baseline) as f:
+            base = module_from_source(f.read(), "attention_base")
     t0 = time.perf_counter()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     print(res)
     e2e_s = 100 if args.e2e else 0
+
+    def save() -> None:  # through a temporary file: a killed run leaves the last whole one
+        path = os.path.join(args.out, "attention_bench.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(path + ".tmp", path)
+
     if args.sweep:
-        sweep(res, t0 + args.budget_s - e2e_s - (0 if args.skip_per_call else 60))
+        sweep(res, t0 + args.budget_s - e2e_s - (0 if args.skip_per_call else 60), base, save,
+              grid=not args.no_grid)
+    if args.ab:
+        step_ab(res, t0 + args.budget_s - e2e_s, base)
+        save()
     if not args.skip_per_call:
         per_call(res, t0 + args.budget_s - e2e_s)
-    with open(os.path.join(args.out, "attention_bench.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    save()
     if args.e2e:
         e2e(res, t0 + args.budget_s)
-        with open(os.path.join(args.out, "attention_bench.json"), "w") as f:
-            json.dump(res, f, indent=1)
+        save()
     print(f"total {time.perf_counter() - t0:.0f} s")
     return 0
 

@@ -68,7 +68,10 @@ def kernel_cases(device, dtype, seed) -> dict:
     # multiple of the block, forced splits incl. a short last one, automatic splits
     cases = [(2, 2, 1, 4, 100, 64, None), (3, 2, 5, 4, 300, 64, 3), (1, 2, 17, 8, 70, 64, 2),
              (2, 1, 9, 4, 200, 128, None), (1, 2, 1, 2, 1000, 64, None),
-             (2, 2, 3, 2, 64, 64, 1)]
+             (2, 2, 3, 2, 64, 64, 1),
+             # the combine over more splits than it reads a step (4 at bm 16, hd 128; 1 at
+             # bm 64), a split count that is not a multiple of that
+             (1, 2, 1, 4, 1000, 128, 7), (1, 2, 17, 8, 700, 128, 6)]
     for i, (B, H, T, G, S, hd, sp) in enumerate(cases):
         q, k, v = qkv(B, H, T * G, S, hd, g, device, dtype, cache_extra=37)
         mask = grouped_mask(B, T, G, S, g, device, dtype)
@@ -176,7 +179,7 @@ def _check(r: dict, tol: float) -> None:
 
 def test_kernel_matches_sdpa_fp32_interpreted(interp):
     for r in interp["kernels"]:
-        assert len(r) == 36
+        assert len(r) == 44
         _check(r, 1e-5)
 
 
@@ -189,14 +192,21 @@ def test_model_with_attention_kernel_matches_sdpa_fp32_interpreted(interp):
 
 def test_split_choice_from_shapes():
     pytest.importorskip("triton")
-    from specpilot.kernels.attention import MIN_SPLIT, block_m, choose_splits
+    from specpilot.kernels.attention import block_m, choose_splits, launch_config
 
-    assert choose_splits(8, 4096) == 32  # batch 1, 8 KV heads: split to fill the GPU
-    assert choose_splits(8, 256) == 256 // MIN_SPLIT
-    assert choose_splits(8, 100) == 1
+    assert choose_splits(8, 4096) == 8  # batch 1, 8 KV heads: split to fill the GPU, <= 8
+    assert choose_splits(8, 1024) == 4  # splits of >= 256 slots
+    assert choose_splits(8, 256) == 1 and choose_splits(8, 100) == 1
     assert choose_splits(32 * 8, 4096) == 1  # enough programs without a split
-    assert choose_splits(64, 4096) == 5  # two waves of the 132 SMs
-    assert choose_splits(8 * 8 * 2, 4096) == 3  # B 8, G 8, T 9: two row tiles per head
+    assert choose_splits(64, 4096) == 4  # <= two waves of the 132 SMs
+    assert choose_splits(64, 1024) == 2  # 64 tiles fill a quarter of the SMs: >= 512 slots
+    assert choose_splits(8 * 8 * 2, 4096) == 2  # B 8, G 8, T 9: two row tiles per head
+    assert choose_splits(8, 4096, sm_count=16) == 4  # a small GPU: two waves of its 16 SMs
+    assert launch_config(4, 64)["BLOCK_N"] == 128  # one wave: 128 slots an iteration
+    assert launch_config(4, 256)["BLOCK_N"] == 64  # more programs than SMs
+    assert launch_config(40, 32)["BLOCK_N"] == 64  # 64-row tiles
+    assert launch_config(40, 32)["num_stages"] == 3 and launch_config(4, 256)["num_stages"] == 3
+    assert launch_config(40, 256)["num_stages"] == 2  # 64-row tiles in several waves
     assert block_m(4) == 16 and block_m(36) == 64 and block_m(136) == 64
 
 

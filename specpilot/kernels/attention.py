@@ -14,9 +14,10 @@ transpose copy of the SDPA path.
 Flash-decoding: the S axis is split into chunks so that a batch-1 step with few KV heads
 still fills the GPU; each program keeps an online softmax over its chunk, stores fp32
 partials (unnormalised sum, running max, running denominator) and bumps a per-tile counter;
-the last program of a tile combines the partials and writes the output (one launch, the
-counters reset to zero, nothing to memset: CUDA-graph friendly). The grid and the split
-come from the shapes alone (no host sync, no data-dependent shape).
+the last program of a tile combines the partials (a few splits' loads at a time) and writes
+the output (one launch, the counters reset to zero, nothing to memset: CUDA-graph
+friendly). The grid, the split and the block shape come from the shapes alone (no host
+sync, no data-dependent shape): `choose_splits` and `launch_config`.
 
 Rows whose mask is -inf everywhere (unused batch rows) come out as exact zeros, as torch's
 SDPA gives on CPU (it gives zeros on the CUDA flash/efficient paths too), never NaN.
@@ -38,8 +39,8 @@ import triton.language as tl
 from . import interpreting, pdl
 
 HEAD_DIMS = (64, 128)
-BLOCK_N = 64  # KV slots per inner iteration
-MIN_SPLIT = 128  # fewest KV slots a split handles (shorter splits cost more than they save)
+MIN_SPLIT = 256  # fewest KV slots a split handles (see `choose_splits`)
+MAX_SPLITS = 8
 _SM_COUNT: dict[torch.device, int] = {}
 _WORKSPACES: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 # outgrown workspaces stay alive: a CUDA graph captured earlier holds their addresses
@@ -53,7 +54,7 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ws_ptr, ml_ptr, cnt_ptr,
                  sm_b, sm_h, sm_m, sm_s, so_b, so_h, so_t, so_g, qk_scale,
                  HD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  HAS_MASK: tl.constexpr, SPLIT: tl.constexpr, F32_DOT: tl.constexpr,
-                 PDL: tl.constexpr = False):
+                 NSP: tl.constexpr = 1, CH: tl.constexpr = 1, PDL: tl.constexpr = False):
     pdl.enter(PDL)
     LOG2E: tl.constexpr = 1.4426950408889634
     bh = tl.program_id(0) // n_mt  # the row tiles of one head are neighbours (L2 reuse)
@@ -110,28 +111,35 @@ def _attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, o_ptr, ws_ptr, ml_ptr, cnt_ptr,
         nsp = tl.num_programs(1)
         r = tl.arange(0, BLOCK_M)
         part = (tile * nsp + sp).to(tl.int64)
-        tl.store(ws_ptr + part * BLOCK_M * HD + r[:, None] * HD + d[None, :], acc)
+        # padded rows (past M) store nothing: at T = 1, G = 4 they are 3/4 of the tile
+        tl.store(ws_ptr + part * BLOCK_M * HD + r[:, None] * HD + d[None, :], acc,
+                 mask=rmask[:, None])
         tl.store(ml_ptr + part * 2 * BLOCK_M + r, m_i)
         tl.store(ml_ptr + part * 2 * BLOCK_M + BLOCK_M + r, l_i)
         tl.debug_barrier()
         last = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == nsp - 1
         if last:  # the last split of this tile combines them all
-            m_all = tl.full((BLOCK_M,), float("-inf"), tl.float32)
-            for j in range(nsp):
-                pj = (tile * nsp + j).to(tl.int64)
-                m_all = tl.maximum(m_all, tl.load(ml_ptr + pj * 2 * BLOCK_M + r,
-                                                  cache_modifier=".cg"))
+            # every split's max and denominator in one load [NSP, BLOCK_M]; the partial
+            # sums CH splits a step, their loads issued together (not a round trip a split)
+            js = tl.arange(0, NSP)
+            pj = (tile * nsp + js).to(tl.int64)
+            ml_j = ml_ptr + pj[:, None] * 2 * BLOCK_M + r[None, :]
+            jm = (js < nsp)[:, None]
+            m_j = tl.load(ml_j, mask=jm, other=float("-inf"), cache_modifier=".cg")
+            l_j = tl.load(ml_j + BLOCK_M, mask=jm, other=0.0, cache_modifier=".cg")
+            m_all = tl.max(m_j, 0)
             m_use = tl.where(m_all == float("-inf"), 0.0, m_all)
-            l_i = tl.zeros((BLOCK_M,), tl.float32)
+            l_i = tl.sum(tl.exp2(m_j - m_use[None, :]) * l_j, 0)
             acc = tl.zeros((BLOCK_M, HD), tl.float32)
-            for j in range(nsp):
-                pj = (tile * nsp + j).to(tl.int64)
-                w = tl.exp2(tl.load(ml_ptr + pj * 2 * BLOCK_M + r, cache_modifier=".cg")
-                            - m_use)
-                l_i += w * tl.load(ml_ptr + pj * 2 * BLOCK_M + BLOCK_M + r,
-                                   cache_modifier=".cg")
-                acc += w[:, None] * tl.load(ws_ptr + pj * BLOCK_M * HD + r[:, None] * HD
-                                            + d[None, :], cache_modifier=".cg")
+            for j0 in range(0, nsp, CH):
+                for c in tl.static_range(CH):
+                    ok = j0 + c < nsp
+                    pc = (tile * nsp + j0 + c).to(tl.int64)
+                    w = tl.exp2(tl.load(ml_ptr + pc * 2 * BLOCK_M + r, mask=ok,
+                                        other=float("-inf"), cache_modifier=".cg") - m_use)
+                    acc += w[:, None] * tl.load(ws_ptr + pc * BLOCK_M * HD + r[:, None] * HD
+                                                + d[None, :], mask=ok & rmask[:, None],
+                                                other=0.0, cache_modifier=".cg")
             tl.atomic_xchg(cnt_ptr + tile, 0)
     else:
         last = True
@@ -169,20 +177,31 @@ def block_m(rows: int) -> int:
     return min(64, max(16, triton.next_power_of_2(rows)))
 
 
-def launch_config(rows: int) -> dict:
-    """Block shape and warps for `rows` query rows per head."""
-    return {"BLOCK_M": block_m(rows), "BLOCK_N": BLOCK_N, "num_warps": 4, "num_stages": 2}
+def launch_config(rows: int, programs: int, sm_count: int = 132) -> dict:
+    """Block shape, warps and stages for `rows` query rows per head and `programs` programs
+    in all. From the H200 sweep (2026-12-04, `benchmarks/attention_bench.py --sweep`, 36
+    decode/verify shapes): 128 KV slots an iteration, three stages deep, while the programs
+    fit one wave; 64 once they do not, and on 64-row tiles (whose 128-slot tiles three
+    deep do not fit in shared memory); 64-row tiles in several waves two stages deep
+    (more of them fit on an SM)."""
+    bm = block_m(rows)
+    waves = programs > sm_count
+    bn = 64 if bm == 64 or waves else 128
+    stages = 2 if bm == 64 and waves else 3
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": 4, "num_stages": stages}
 
 
 def choose_splits(tiles: int, S: int, sm_count: int = 132) -> int:
     """KV splits per (batch, head, row tile) for `tiles` such tiles, from the shapes alone:
-    enough programs for about two waves over the SMs, no split shorter than MIN_SPLIT
-    slots."""
-    base = tiles
-    if base >= sm_count:
+    a power of two, at most MAX_SPLITS and at most two waves of programs over the SMs, each
+    split at least MIN_SPLIT slots (2 * MIN_SPLIT once the tiles alone would fill a quarter
+    of the SMs), none once they fill them all: below that a split's partials and combine
+    cost more than its shorter loop saves (the H200 sweep of `launch_config`)."""
+    if tiles >= sm_count:
         return 1
-    most = max(1, S // MIN_SPLIT)
-    return max(1, min(most, triton.cdiv(2 * sm_count, base)))
+    shortest = MIN_SPLIT if 4 * tiles < sm_count else 2 * MIN_SPLIT
+    most = min(MAX_SPLITS, S // shortest, 2 * sm_count // tiles)
+    return 1 << (max(1, most).bit_length() - 1)
 
 
 def _workspace(device: torch.device, n_ws: int, n_ml: int,
@@ -209,7 +228,7 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _launch(q, k, v, mask, out, G: int, so: tuple[int, int, int, int],
-            splits: int | None) -> None:
+            splits: int | None, config: dict | None = None) -> None:
     B, H, M, hd = q.shape
     S = k.shape[2]
     q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
@@ -218,11 +237,14 @@ def _launch(q, k, v, mask, out, G: int, so: tuple[int, int, int, int],
         sm = mask.stride()
     else:
         mask, sm = q, (0, 0, 0, 0)
-    cfg = launch_config(M)
-    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    config = config or {}
+    n_sm = _sm_count(q.device)
+    bm = config.get("BLOCK_M", block_m(M))
     n_mt = triton.cdiv(M, bm)
     if splits is None:
-        splits = choose_splits(B * H * n_mt, S, _sm_count(q.device))
+        splits = choose_splits(B * H * n_mt, S, n_sm)
+    cfg = {**launch_config(M, B * H * n_mt * splits, n_sm), "BLOCK_M": bm, **config}
+    bn = cfg["BLOCK_N"]
     chunk = triton.cdiv(triton.cdiv(max(S, 1), splits), bn) * bn
     splits = triton.cdiv(max(S, 1), chunk)  # no empty split
     n_tiles = B * H * n_mt
@@ -237,7 +259,13 @@ def _launch(q, k, v, mask, out, G: int, so: tuple[int, int, int, int],
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *sm, *so,
         (1.0 / math.sqrt(hd)) * 1.4426950408889634,
         HD=hd, HAS_MASK=mask is not q, SPLIT=splits > 1, F32_DOT=q.dtype == torch.float32,
+        NSP=triton.next_power_of_2(splits), CH=combine_step(splits, bm, hd),
         PDL=on, **cfg, **pdl.launch(on))
+
+
+def combine_step(splits: int, bm: int, hd: int) -> int:
+    """Splits the combine reads a step: a [CH, bm, hd] fp32 tile of about 8192 values."""
+    return max(1, min(triton.next_power_of_2(splits), 8192 // (bm * hd)))
 
 
 def _check(q, k, v, mask) -> None:
@@ -250,22 +278,22 @@ def _check(q, k, v, mask) -> None:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
-           splits: int | None = None) -> torch.Tensor:
+           splits: int | None = None, config: dict | None = None) -> torch.Tensor:
     """SDPA(q, k, v, attn_mask=mask) [B, H, M, hd] (see the module docstring); `splits`
-    overrides the KV split (tests and benchmarks)."""
+    overrides the KV split and `config` entries of `launch_config` (tests and benchmarks)."""
     _check(q, k, v, mask)
     if not supported(q, k):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     B, H, M, hd = q.shape
     out = torch.empty(B, H, M, hd, dtype=q.dtype, device=q.device)
     if out.numel():
-        _launch(q, k, v, mask, out, 1, (H * M * hd, M * hd, hd, 0), splits)
+        _launch(q, k, v, mask, out, 1, (H * M * hd, M * hd, hd, 0), splits, config)
     return out
 
 
 def attend_merged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   mask: torch.Tensor | None, groups: int,
-                  splits: int | None = None) -> torch.Tensor:
+                  splits: int | None = None, config: dict | None = None) -> torch.Tensor:
     """`attend` for grouped rows (row t * groups + g of head j is query head j * groups + g
     at position t), returned as [B, M / groups, H * groups * hd]: o_proj's input."""
     _check(q, k, v, mask)
@@ -279,5 +307,5 @@ def attend_merged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     out = torch.empty(B, T, H * groups * hd, dtype=q.dtype, device=q.device)
     if out.numel():
         _launch(q, k, v, mask, out, groups, (T * H * groups * hd, groups * hd,
-                                            H * groups * hd, hd), splits)
+                                            H * groups * hd, hd), splits, config)
     return out
