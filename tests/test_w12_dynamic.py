@@ -5,6 +5,7 @@ the next launch), and its lane-0 PTX atomics compiled for sm_90."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -61,10 +62,14 @@ def test_lane0_atomic_compiles_for_sm90(monkeypatch):
     from benchmarks.w12_dynamic import w12_dyn_kernel
 
     monkeypatch.setitem(sm90.POINTERS, "ctr_ptr", "*i32")
-    consts = {"BN": 2, "NG": 2, "GS": 64, "GW": 64, "ECH": 16, "STAGES": 2, "QUEUE": 2}
-    ptx = sm90._compile(w12_dyn_kernel, consts, 1, 2).asm["ptx"]
-    assert ptx.count("atom.global.add.u32") == 1  # the queue's ticket, by lane 0 only
-    assert "shfl.sync.idx.b32" in ptx  # ... handed to the other lanes where it is used
-    ptx = sm90._compile(w12_dyn_kernel, {**consts, "QUEUE": 3}, 1, 2).asm["ptx"]
-    assert ptx.count("atom.global.add.u64") == 1  # the never-reset 64-bit counter
-    assert "atom.global.add.u32" not in ptx and "atom.global.exch" not in ptx  # no reset
+    consts = {"BN": 2, "NG": 2, "GS": 64, "GW": 64, "ECH": 16, "STAGES": 2}
+    def atomics(queue: int) -> list[str]:
+        ptx = sm90._compile(w12_dyn_kernel, {**consts, "QUEUE": queue}, 1, 2).asm["ptx"]
+        assert "shfl.sync.idx.b32" in ptx  # the ticket handed to the lanes where it is used
+        return re.findall(r"atom\.[\w.]+", ptx)
+
+    # the queue's ticket by lane 0 (relaxed: the inline PTX), the reset (Triton's atomics)
+    assert sorted(atomics(2)) == ["atom.global.add.u32", "atom.global.gpu.acq_rel.add.u32",
+                                  "atom.global.gpu.acq_rel.exch.b32",
+                                  "atom.global.gpu.acq_rel.exch.b32"]
+    assert atomics(3) == ["atom.global.add.u64"]  # the never-reset 64-bit counter only
