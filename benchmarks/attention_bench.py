@@ -20,7 +20,9 @@ the triton run's tokens forced through the SDPA model (tie-aware, its own margin
 With --sweep (first): every launch of a grid (BLOCK_N, warps, stages, KV splits) on 36
 decode/verify shapes (both models, batch 1/8/32, T 1/5, S 256/1024/4096) beside the kernel's
 own launch and, with --baseline FILE, an earlier attention.py's
-(`git show REV:specpilot/kernels/attention.py > FILE`); --no-grid: those alone.
+(`git show REV:specpilot/kernels/attention.py > FILE`); --no-grid: those alone;
+--lengths, --chunks and --blocks narrow or widen it (S values; KV slots a split;
+BLOCK_N).
 With --ab (needs --baseline): the 8B-class engine's graphed step (T 1/5, batch 1-32, kv_len
 256-4096) with the earlier kernel and with this one, alternated.
 Prints tables; writes attention_bench.json under --out (default $OUT or .).
@@ -133,7 +135,8 @@ def split_count(S: int, chunk: int | None) -> int:
 
 
 @torch.inference_mode()
-def sweep(res: dict, deadline: float, base, save, grid: bool = True) -> None:
+def sweep(res: dict, deadline: float, base, save, grid: bool = True, shapes=SWEEP,
+          chunks=CHUNKS, tiles=TILES) -> None:
     """Every (BLOCK_N, warps, stages, split) of the grid on each decode/verify shape, beside
     the kernel's own choice, `base`'s (an earlier attention.py, or None) and SDPA."""
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -142,7 +145,7 @@ def sweep(res: dict, deadline: float, base, save, grid: bool = True) -> None:
     print(f"{'model':>5}{'B':>4}{'T':>3}{'S':>6}{'sdpa':>8}{'base':>8}{'default':>9}"
           f"{'best':>8}  {'best config':<18}{'base/best':>10}{'max err':>9}")
     rows = []
-    for name, B, T, S in SWEEP:
+    for name, B, T, S in shapes:
         if time.perf_counter() > deadline:
             print("(time budget spent)")
             break
@@ -160,7 +163,7 @@ def sweep(res: dict, deadline: float, base, save, grid: bool = True) -> None:
             errs.append(rel(base.attend_merged(*sets[0], G), ref))
             r["base_us"] = graph_us([lambda x=x, G=G: base.attend_merged(*x, G)
                                      for x in pick])
-        for (bn, w, st), chunk in itertools.product(TILES, CHUNKS) if grid else ():
+        for (bn, w, st), chunk in itertools.product(tiles, chunks) if grid else ():
             sp = split_count(S, chunk)
             key = f"n{bn}w{w}s{st}x{sp}"
             if key in r["grid"]:
@@ -288,6 +291,10 @@ def main() -> int:
     ap.add_argument("--no-grid", action="store_true", help="--sweep without the grid")
     ap.add_argument("--ab", action="store_true", help="engine steps, --baseline's kernel vs this")
     ap.add_argument("--skip-per-call", action="store_true")
+    ap.add_argument("--lengths", default="256,1024,4096", help="--sweep: attended slots S")
+    ap.add_argument("--chunks", default="128,256,512,1024",
+                    help="--sweep: KV slots a split (and one split) in the grid")
+    ap.add_argument("--blocks", default="64,128", help="--sweep: BLOCK_N values in the grid")
     args = ap.parse_args()
     if args.ab and not args.baseline:
         raise SystemExit("--ab compares against --baseline FILE: give one")
@@ -313,8 +320,12 @@ def main() -> int:
         os.replace(path + ".tmp", path)
 
     if args.sweep:
+        lengths = {int(v) for v in args.lengths.split(",")}
+        chunks = tuple(int(v) for v in args.chunks.split(",")) + (None,)
         sweep(res, t0 + args.budget_s - e2e_s - (0 if args.skip_per_call else 60), base, save,
-              grid=not args.no_grid)
+              grid=not args.no_grid, shapes=[r for r in SWEEP if r[3] in lengths],
+              chunks=chunks, tiles=[(int(bn), w, st) for bn in args.blocks.split(",")
+                                    for w in (4, 8) for st in (2, 3)])
     if args.ab:
         step_ab(res, t0 + args.budget_s - e2e_s, base)
         save()
