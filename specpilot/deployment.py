@@ -155,5 +155,22 @@ def load_deployment(name_or_path: str) -> Deployment:
     return dep
 
 
+def check_searchable(dep: Deployment) -> None:
+    """A one-line error for a deployment the search cannot run here: a perf-only one
+    (random weights, no workloads to verify on) or a CUDA one on a machine without CUDA
+    (its evaluations would fail one by one in the workers)."""
+    if dep.perf_only:
+        raise SpecPilotError(
+            f"deployment {dep.name} is perf-only ({dep.target}: random weights, no workloads):"
+            " the search needs a checkpoint and dev/gate workloads; time it with"
+            " benchmarks/gpu_perf.py")
+    if dep.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SpecPilotError(f"deployment {dep.name} runs on cuda, but this machine has no"
+                                 " CUDA device: run the search on one that has")
+
+
 def list_deployments() -> list[Deployment]:
     return [load_deployment(str(p)) for p in sorted((ROOT / "deployments").glob("*.toml"))]

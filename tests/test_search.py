@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +86,36 @@ def test_bad_search_input_leaves_no_run(search_env, tmp_path, args, needle):
     assert r.returncode == 2 and needle in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert not (tmp_path / "runs" / "bad").exists()
+
+
+def _search_fails(dep: str, tmp_path) -> str:
+    """stderr of a search on `dep` that must fail with one line and leave no run."""
+    env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),
+                        "SPECPILOT_DATA": str(tmp_path / "data"), "SPECPILOT_ROOT": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "specpilot", "search", "--deployment", dep,
+                        "--quiet"], env=env, capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    return r.stderr
+
+
+def test_search_refuses_a_perf_only_deployment(tmp_path):
+    """The H200 presets are random weights with no workloads: the search says so at once
+    (it used to fail on the missing tokenizer of "random:8b")."""
+    repo = Path(__file__).resolve().parents[1]
+    err = _search_fails(str(repo / "deployments" / "h200-8b-b1.toml"), tmp_path)
+    assert "h200-8b-b1 is perf-only" in err and "gpu_perf.py" in err, err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+def test_search_refuses_a_cuda_deployment_without_cuda(search_env, tmp_path):
+    """Without the check a CUDA deployment's search waited forever for a GPU worker."""
+    _, dep, _ = search_env
+    cuda = tmp_path / "tinycuda.toml"
+    cuda.write_text(dep.read_text().replace('device = "cpu"', 'device = "cuda"'))
+    err = _search_fails(str(cuda), tmp_path)
+    assert "runs on cuda, but this machine has no CUDA device" in err, err
 
 
 @pytest.mark.slow

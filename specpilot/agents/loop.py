@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..deployment import load_deployment
+from ..deployment import check_searchable, load_deployment
 from ..engines import EngineSpec, build
 from ..runtime.errors import SpecPilotError
 from ..runtime.knobs import Knobs
@@ -87,6 +87,7 @@ class Search:
             cfg = resumed_config(cfg)
         self.cfg, self.on_event = cfg, on_event or (lambda rec: None)
         self.dep = load_deployment(cfg.deployment)
+        check_searchable(self.dep)
         self.run_id = cfg.run_id or new_run_id(f"{self.dep.name}-")
         run_dir = runs_dir() / self.run_id
         if cfg.resume and not (run_dir / "trace.jsonl").is_file():
