@@ -158,7 +158,7 @@ def load_deployment(name_or_path: str) -> Deployment:
 def check_searchable(dep: Deployment) -> None:
     """A one-line error for a deployment the search cannot run here: a perf-only one
     (random weights, no workloads to verify on) or a CUDA one on a machine without CUDA
-    (its evaluations would fail one by one in the workers)."""
+    (its evaluators ask Ray for a GPU, so they would never start)."""
     if dep.perf_only:
         raise SpecPilotError(
             f"deployment {dep.name} is perf-only ({dep.target}: random weights, no workloads):"

@@ -78,24 +78,18 @@ def wait_for(path, pred, timeout: float, proc) -> list[dict]:
 def test_bad_search_input_leaves_no_run(search_env, tmp_path, args, needle):
     """Bad agent options are one-line errors found before Ray starts or the run exists."""
     _, dep, _ = search_env
+    assert needle in _search_fails(str(dep), tmp_path, "--run-id", "bad", *args)
+
+
+def _search_fails(dep: str, tmp_path, *args: str) -> str:
+    """stderr of a search on `dep` that must fail with one line and leave no run."""
     env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),  # nothing lands in the repo
                         "SPECPILOT_DATA": str(tmp_path / "data"), "SPECPILOT_ROOT": str(tmp_path)}
-    r = subprocess.run([sys.executable, "-m", "specpilot", "search", "--deployment", str(dep),
-                        "--run-id", "bad", "--quiet", *args], env=env, capture_output=True,
-                       text=True, timeout=120, check=False)
-    assert r.returncode == 2 and needle in r.stderr, r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert not (tmp_path / "runs" / "bad").exists()
-
-
-def _search_fails(dep: str, tmp_path) -> str:
-    """stderr of a search on `dep` that must fail with one line and leave no run."""
-    env = os.environ | {"SPECPILOT_RUNS": str(tmp_path / "runs"),
-                        "SPECPILOT_DATA": str(tmp_path / "data"), "SPECPILOT_ROOT": str(tmp_path)}
     r = subprocess.run([sys.executable, "-m", "specpilot", "search", "--deployment", dep,
-                        "--quiet"], env=env, capture_output=True, text=True, timeout=120,
-                       check=False)
+                        "--quiet", *args], env=env, capture_output=True, text=True,
+                       timeout=120, check=False)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
     return r.stderr
 
