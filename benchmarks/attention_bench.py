@@ -124,7 +124,12 @@ def per_call(res: dict, deadline: float) -> None:
 
 
 # the launch grid swept per shape: (BLOCK_N, num_warps, num_stages) x KV slots a split
-TILES = [(bn, w, st) for bn in (64, 128) for w in (4, 8) for st in (2, 3)]
+def tile_grid(blocks=(64, 128)) -> list[tuple[int, int, int]]:
+    """(BLOCK_N, warps, stages) of the sweep grid."""
+    return [(bn, w, st) for bn in blocks for w in (4, 8) for st in (2, 3)]
+
+
+TILES = tile_grid()
 CHUNKS = (128, 256, 512, 1024, None)  # None: one split
 SWEEP = [(name, B, T, S) for name in SHAPES for B in (1, 8, 32) for T in (1, 5)
          for S in (256, 1024, 4096)]
@@ -324,8 +329,7 @@ def main() -> int:
         chunks = tuple(int(v) for v in args.chunks.split(",")) + (None,)
         sweep(res, t0 + args.budget_s - e2e_s - (0 if args.skip_per_call else 60), base, save,
               grid=not args.no_grid, shapes=[r for r in SWEEP if r[3] in lengths],
-              chunks=chunks, tiles=[(int(bn), w, st) for bn in args.blocks.split(",")
-                                    for w in (4, 8) for st in (2, 3)])
+              chunks=chunks, tiles=tile_grid([int(bn) for bn in args.blocks.split(",")]))
     if args.ab:
         step_ab(res, t0 + args.budget_s - e2e_s, base)
         save()

@@ -52,63 +52,54 @@ from specpilot.kernels.w12_triton import (
     w12_matmul,
 )
 
-
-@triton.jit
-def _fetch_add(ptr):
-    """atom.add(ptr, 1) by lane 0 of the (one-warp) program; other lanes' results undefined.
-    Inline PTX, so the result is waited for where it is used, not at once (Triton's own
-    scalar atomic broadcasts its result through shared memory behind a barrier)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
+# lane 0 of a one-warp program adds 1 to the counter at $1 (other lanes' $0 undefined), in
+# a 32- or 64-bit form; inline PTX, so the result is waited for where it is used, not at once
+# (Triton's own scalar atomic broadcasts its result through shared memory behind a barrier)
+_LANE0_ADD = """
+        {{
         .reg .pred p;
         .reg .u32 lane;
         mov.u32 lane, %laneid;
         setp.eq.u32 p, lane, 0;
-        mov.u32 $0, 0;
-        @p atom.global.add.u32 $0, [$1], 1;
-        }
-        """, constraints="=r,l", args=[ptr], dtype=tl.int32, is_pure=False, pack=1)
+        mov.{w} $0, 0;
+        @p atom.global.add.{w} $0, [$1], 1;
+        }}
+        """
+LANE0_ADD32 = tl.constexpr(_LANE0_ADD.format(w="u32"))
+LANE0_ADD64 = tl.constexpr(_LANE0_ADD.format(w="u64"))
 
 
 @triton.jit
-def _ticket(ptr):
-    """atom.add(ptr, 1) on a 64-bit counter by lane 0 of the (one-warp) program, as
-    `_fetch_add`; the counter is never reset (see `w12_dyn_kernel`'s QUEUE 3)."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .pred p;
-        .reg .u32 lane;
-        mov.u32 lane, %laneid;
-        setp.eq.u32 p, lane, 0;
-        mov.u64 $0, 0;
-        @p atom.global.add.u64 $0, [$1], 1;
-        }
-        """, constraints="=l,l", args=[ptr], dtype=tl.int64, is_pure=False, pack=1)
+def _lane0_add(ptr, WIDE: tl.constexpr):
+    """atom.add(ptr, 1) by lane 0: on an int32 counter, or (WIDE) an int64 one."""
+    if WIDE:
+        v = tl.inline_asm_elementwise(asm=LANE0_ADD64, constraints="=l,l",
+                                      args=[ptr], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        v = tl.inline_asm_elementwise(asm=LANE0_ADD32, constraints="=r,l",
+                                      args=[ptr], dtype=tl.int32, is_pure=False, pack=1)
+    return v
 
 
 @triton.jit
-def _from_lane0_64(v):
-    """lane 0's value of the 64-bit v, in every lane."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 lo, hi;
-        mov.b64 {lo, hi}, $1;
-        shfl.sync.idx.b32 lo, lo, 0, 31, -1;
-        shfl.sync.idx.b32 hi, hi, 0, 31, -1;
-        mov.b64 $0, {lo, hi};
-        }
-        """, constraints="=l,l", args=[v], dtype=tl.int64, is_pure=False, pack=1)
-
-
-@triton.jit
-def _from_lane0(v):
-    """lane 0's value of v, in every lane."""
-    return tl.inline_asm_elementwise(
-        asm="shfl.sync.idx.b32 $0, $1, 0, 31, -1;", constraints="=r,r", args=[v],
-        dtype=tl.int32, is_pure=False, pack=1)
+def _from_lane0(v, WIDE: tl.constexpr):
+    """lane 0's value of v (int32, or int64 with WIDE), in every lane."""
+    if WIDE:
+        r = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 lo, hi;
+            mov.b64 {lo, hi}, $1;
+            shfl.sync.idx.b32 lo, lo, 0, 31, -1;
+            shfl.sync.idx.b32 hi, hi, 0, 31, -1;
+            mov.b64 $0, {lo, hi};
+            }
+            """, constraints="=l,l", args=[v], dtype=tl.int64, is_pure=False, pack=1)
+    else:
+        r = tl.inline_asm_elementwise(
+            asm="shfl.sync.idx.b32 $0, $1, 0, 31, -1;", constraints="=r,r", args=[v],
+            dtype=tl.int32, is_pure=False, pack=1)
+    return r
 
 
 @triton.jit
@@ -127,9 +118,10 @@ def w12_dyn_kernel(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr
     t = pid
     while t < T:
         if QUEUE == 2:  # lane 0's own atomic, its result waited for only where used
-            ticket = _fetch_add(ctr_ptr + tl.zeros((1,), tl.int32))
+            ticket = _lane0_add(ctr_ptr + tl.zeros((1,), tl.int32), False)
         elif QUEUE == 3:  # ... on a counter that is never reset (every launch takes T)
-            ticket = _ticket(ctr_ptr.to(tl.pointer_type(tl.int64)) + tl.zeros((1,), tl.int32))
+            ticket = _lane0_add(ctr_ptr.to(tl.pointer_type(tl.int64)) + tl.zeros((1,), tl.int32),
+                                True)
         elif QUEUE:
             nxt = P + tl.atomic_add(ctr_ptr, 1)
         else:
@@ -163,9 +155,9 @@ def w12_dyn_kernel(x_ptr, a_ptr, c_ptr, base_ptr, rowptr_ptr, erow_ptr, ecol_ptr
         _finish(acc, esc, x_ptr, 0, offs_m, m_mask, offs_n, N, scale, ph, lo, hi, erow_ptr,
                 ecol_ptr, ebits_ptr, y_ptr, 0, ECH)
         if QUEUE == 2:
-            nxt = P + tl.sum(_from_lane0(ticket), axis=0)
+            nxt = P + tl.sum(_from_lane0(ticket, False), axis=0)
         elif QUEUE == 3:
-            nxt = P + (tl.sum(_from_lane0_64(ticket), axis=0) % T).to(tl.int32)
+            nxt = P + (tl.sum(_from_lane0(ticket, True), axis=0) % T).to(tl.int32)
         t = nxt
     if QUEUE == 1 or QUEUE == 2:  # the last program out resets the queue for the next launch
         done = tl.atomic_add(ctr_ptr + 1, 1)

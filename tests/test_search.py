@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from specpilot.agents.candidate import Candidate, Edit
 from specpilot.trace import Trace, read_events
@@ -102,7 +103,7 @@ def test_search_refuses_a_perf_only_deployment(tmp_path):
     assert "h200-8b-b1 is perf-only" in err and "gpu_perf.py" in err, err
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_search_refuses_a_cuda_deployment_without_cuda(search_env, tmp_path):
     """Without the check a CUDA deployment's search waited forever for a GPU worker."""
     _, dep, _ = search_env
