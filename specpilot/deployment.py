@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .runtime.cli_commands import DEVICES
-from .runtime.errors import SpecPilotError
+from .runtime.errors import SpecPilotError, missing_key
 from .runtime.knobs import Knobs
 
 ROOT = Path(os.environ.get("SPECPILOT_ROOT", Path(__file__).resolve().parents[1]))
@@ -99,6 +99,16 @@ def _drafter(d: dict, where: str) -> DrafterSpec:
                        params=dict(d.get("params", {})))
 
 
+def _knobs(d, where: Path) -> Knobs:
+    """A deployment's stock knobs; a bad one is an error that names the file."""
+    if not isinstance(d, dict):
+        raise SpecPilotError(f"{where}: [knobs] must be a table of knob = value")
+    try:
+        return Knobs.from_dict(d)
+    except SpecPilotError as e:
+        raise SpecPilotError(f"{where}: {e}") from None
+
+
 def _check(dep: Deployment, raw_batch_sizes) -> None:
     """A one-line error for a field the runtime cannot run (the drafters are checked as
     they are read)."""
@@ -129,6 +139,9 @@ def load_deployment(name_or_path: str) -> Deployment:
     try:
         d = tomllib.loads(p.read_text(encoding="utf-8"))
         target = d["target"]
+        if not isinstance(target, dict) or ("path" in target) == ("random" in target):
+            raise SpecPilotError(f"{p}: [target] needs a 'path' (a checkpoint) or a 'random' "
+                                 "preset, one of the two")
         wl = d.get("workloads", {})
         dep = Deployment(
             name=d.get("name", p.stem),
@@ -142,14 +155,16 @@ def load_deployment(name_or_path: str) -> Deployment:
             dev_workload=wl.get("dev", ""),
             gate_workload=wl.get("gate", ""),
             max_new_tokens=int(d.get("max_new_tokens", 128)),
-            knobs=Knobs.from_dict(d.get("knobs", {})),
+            knobs=_knobs(d.get("knobs", {}), p),
             perf_only=bool(d.get("perf_only", False)),
             description=d.get("description", ""),
             source=str(p),
         )
     except OSError as e:
         raise SpecPilotError(f"cannot read deployment {p} ({e.strerror})") from None
-    except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+    except KeyError as e:
+        raise missing_key(str(p), e) from None
+    except (tomllib.TOMLDecodeError, TypeError, ValueError) as e:
         raise SpecPilotError(f"{p}: bad deployment file ({type(e).__name__}: {e})") from None
     _check(dep, d.get("batch_sizes", [1]))
     return dep

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from . import __version__
 from .deployment import ROOT, data_dir
-from .runtime.errors import SpecPilotError
+from .runtime.errors import SpecPilotError, check_dir, missing_key
 from .runtime.knobs import Knobs
 
 PACKAGE = Path(__file__).resolve().parent  # the stock specpilot package
@@ -281,19 +281,34 @@ class LoadedEngine:
 def load_engine(path: str | Path) -> LoadedEngine:
     """Read `engines/<deployment>/<name>/` back into an EngineSpec."""
     path = Path(path)
-    f = path / "engine.toml"
+    if path.name == "engine.toml" and path.is_file():
+        raise SpecPilotError(f"{path}: give the engine's folder ({path.parent}), not its "
+                             "engine.toml")
+    f = check_dir(path, "engine folder", "give engines/DEPLOYMENT/NAME") / "engine.toml"
     if not f.is_file():
         raise SpecPilotError(f"{path} is not an engine (no engine.toml): "
                              "give engines/DEPLOYMENT/NAME")
     try:
         d = tomllib.loads(f.read_text())
+    except (tomllib.TOMLDecodeError, OSError, UnicodeDecodeError) as e:
+        raise SpecPilotError(f"{f}: bad engine ({type(e).__name__}: {e})") from None
+    gone = [p for p in d.get("overlay", []) if not (path / "overlay" / p).is_file()]
+    if gone:
+        raise SpecPilotError(f"{f}: overlay file {path / 'overlay' / gone[0]} is missing: "
+                             "restore it from git or re-ship the engine")
+    try:
         overlay = {p: (path / "overlay" / p).read_text() for p in d.get("overlay", [])}
         spec = EngineSpec(deployment=d["deployment"], name=d["name"],
                           knobs=resolve_knobs(d["knobs"]), overlay=overlay,
                           parents=tuple(d.get("parents", [])), run_id=d.get("run_id", ""),
                           backend=d.get("backend", "native"))
-    except (tomllib.TOMLDecodeError, KeyError, OSError) as e:
-        raise SpecPilotError(f"{f}: bad engine ({type(e).__name__}: {e})") from None
+    except KeyError as e:
+        raise missing_key(str(f), e) from None
+    except SpecPilotError as e:  # a bad knob: name the file that holds it
+        raise SpecPilotError(f"{f}: {e}") from None
+    except OSError as e:
+        raise SpecPilotError(f"cannot read {e.filename} ({e.strerror}): check its "
+                             "permissions") from None
     rf = path / "results.json"
     try:
         results = json.loads(rf.read_text()) if rf.is_file() else {}

@@ -1,12 +1,14 @@
 """Run traces: `runs/<run-id>/trace.jsonl`, one JSON event a line, appended and flushed.
 
 Every event carries `event`, `time`, `candidate` and `parents`. A run killed at any moment
-leaves at worst a torn last line, which `read_events` skips, so a resumed run sees every
-event that was fully written; a line that parses but is not an event (hand-edited, damaged)
-is skipped too, and `runs list`/`runs show` name it. Reading a run never writes to it: only
-`append` repairs a torn last line. `candidates/<id>/` holds each candidate's knobs and overlay.
-Secrets never reach a trace: `scrub` masks anything that looks like an API key.
-`list_runs`, `show_run` and `write_report` are the `specpilot runs` commands.
+leaves at worst a torn last line (the start of an event), which `read_events` skips, so a
+resumed run sees every event that was fully written; a line that parses but is not an event
+(hand-edited, damaged) is skipped too, and `runs list`/`runs show` name it; a line that is
+neither (not JSON, not UTF-8) is a one-line error: the file is damaged, not torn. Reading a
+run never writes to it: only `append` repairs a torn last line. `candidates/<id>/` holds
+each candidate's knobs and overlay. Secrets never reach a trace: `scrub` masks anything
+that looks like an API key. `list_runs`, `show_run` and `write_report` are the
+`specpilot runs` commands.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ from pathlib import Path
 
 from .atomic import atomic_write
 from .deployment import ROOT
-from .runtime.errors import SpecPilotError
+from .runtime.errors import SpecPilotError, check_dir
 
 EVENTS = ("run_started", "gaps", "proposal", "build", "bench", "verify", "merge", "confirm",
           "promote", "run_finished")
 _SECRET = re.compile(r"(sk-[A-Za-z0-9_\-]{8,}|sk-ant-[A-Za-z0-9_\-]{8,}|(?i:bearer)\s+\S{8,})")
 _SECRET_KEYS = ("api_key", "apikey", "authorization", "x-api-key")
+_EVENT_START = '{"event": '  # how every line `Trace.append` writes begins
 
 
 def runs_dir() -> Path:
@@ -103,15 +106,21 @@ class Trace:
         return d
 
 
+def _torn(line: str) -> bool:
+    """Whether an unparsable line is the start of an event cut short by a killed run."""
+    return line.startswith(_EVENT_START) or _EVENT_START.startswith(line)
+
+
 def read_events(path: Path, damaged: list[int] | None = None) -> list[dict]:
-    """The events of a trace in order. Unparsable lines (torn by a killed run) are skipped;
-    lines that parse but are not an event object are skipped and their numbers (from 1)
-    appended to `damaged`. An unreadable file is a one-line SpecPilotError."""
+    """The events of a trace in order. Lines torn by a killed run are skipped; lines that
+    parse but are not an event object are skipped and their numbers (from 1) appended to
+    `damaged`. An unreadable file, or a line that is neither (not UTF-8, not JSON), is a
+    one-line SpecPilotError naming the file and the line."""
     out = []
     if not Path(path).is_file():
         return out
-    try:
-        text = Path(path).read_text(errors="replace")
+    try:  # bytes that are not UTF-8 become lone surrogates, found line by line below
+        text = Path(path).read_text(encoding="utf-8", errors="surrogateescape")
     except OSError as e:
         raise SpecPilotError(f"cannot read {path} ({e.strerror}): check its permissions") from None
     for n, line in enumerate(text.splitlines(), 1):
@@ -119,9 +128,17 @@ def read_events(path: Path, damaged: list[int] | None = None) -> list[dict]:
         if not line:
             continue
         try:
+            line.encode()
+        except UnicodeEncodeError:
+            raise SpecPilotError(f"{path} line {n}: not UTF-8 text: the trace is damaged; "
+                                 "restore it or delete the line") from None
+        try:
             rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue  # a torn line from a killed run
+        except json.JSONDecodeError as e:
+            if _torn(line):
+                continue  # a torn line from a killed run
+            raise SpecPilotError(f"{path} line {n}: not valid JSON ({e.msg}): the trace is "
+                                 "damaged; restore it or delete the line") from None
         if isinstance(rec, dict) and isinstance(rec.get("event"), str):
             out.append(rec)
         elif damaged is not None:
@@ -212,8 +229,9 @@ def summarize(run_dir: Path) -> RunSummary:
 def list_runs() -> list[RunSummary]:
     """Every run's summary; a damaged or unreadable run is named on stderr, not fatal."""
     root = runs_dir()
-    if not root.is_dir():
+    if not root.exists():  # no search has run yet (the first one makes it)
         return []
+    check_dir(root, "runs folder", "point SPECPILOT_RUNS at a folder")
     out = []
     for d in sorted(root.iterdir()):
         if not (d / "trace.jsonl").is_file():
@@ -315,9 +333,7 @@ def write_report(run_id: str, out: Path | None = None) -> Path:
     if out.is_dir():
         raise SpecPilotError(f"--out {out} is a directory: give a file path, e.g. "
                              f"{out / 'report.html'}")
-    if not out.parent.is_dir():
-        raise SpecPilotError(f"--out {out}: directory {out.parent} does not exist: create it "
-                             "or choose another path")
+    check_dir(out.parent, "directory", "choose another path", f"--out {out}: ")
     read_lineage(tr.dir)  # a corrupt lineage.json is a one-line error, not a traceback
     html = render_report(run_id, tr.events(), tr.dir)
     try:

@@ -133,8 +133,10 @@ def test_local_runner_builds_for_its_batch_sizes(monkeypatch, qwen3_dir):
 def _bench_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     import os
 
+    from specpilot.deployment import ROOT
+
     return subprocess.run([sys.executable, "-m", "specpilot", "bench", *args], check=False,
-                          capture_output=True, text=True, timeout=300,
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
                           env={**os.environ, **(env or {})})
 
 
@@ -199,6 +201,39 @@ def test_cli_bench_engine_of_another_deployment(tmp_path):
                    "--out", str(out), env={"SPECPILOT_DATA": str(tmp_path / "data")})
     _one_line_error(r, "'nope'", "not 'tiny-cpu'", "--deployment nope")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, want", [
+    (["--deployment", "tiny-cpu", "--engine", "stock", "--drafter", "ngram"],
+     "--drafter only with --model"),
+    (["--deployment", "tiny-cpu", "--drafter", "ngram"], "--drafter only with --model"),
+    (["--deployment", "tiny-cpu", "--engine", "ar", "--k", "3"], "--k needs a drafter"),
+    (["--model", "models/tiny-pycode/target", "--k", "3", "--workload", "tiny-pycode-dev"],
+     "--k needs a drafter"),
+    (["--deployment", "tiny-cpu", "--engine", "engines/tiny-cpu/final", "--k", "3"],
+     "--k does not apply to engine engines/tiny-cpu/final"),
+    (["--server", "http://127.0.0.1:9", "--model", "models/tiny-pycode/target",
+      "--drafter", "ngram", "--device", "cpu"],
+     "--drafter, --device cannot change a --server"),
+    (["--deployment", "tiny-cpu", "--engine", "nope"],
+     "no engine 'nope': give ar or stock (the built-in engines) or an engine folder"),
+    (["--deployment", "tiny-cpu", "--engine", "engines/tiny-cpu/final/engine.toml"],
+     "give the engine's folder (engines/tiny-cpu/final), not its engine.toml"),
+])
+def test_cli_bench_refuses_flags_its_mode_ignores(args, want, tmp_path):
+    """A flag bench would not apply (or whose result would misname the engine) is an error
+    before any work, not a result of something else."""
+    out = tmp_path / "o.json"
+    r = _bench_cli(*args, "--limit", "1", "--max-new-tokens", "4", "--out", str(out),
+                   env={"SPECPILOT_DATA": str(tmp_path / "data")})
+    _one_line_error(r, want)
+    assert not out.exists()
+
+
+def test_cli_bench_model_without_workload_names_no_deployment(tmp_path):
+    r = _bench_cli("--model", "models/tiny-pycode/target", "--out", str(tmp_path / "o.json"))
+    _one_line_error(r, "give --workload NAME|FILE")
+    assert "deployment" not in r.stderr
 
 
 @pytest.fixture

@@ -68,7 +68,7 @@ def _result(times, tokens, outputs, workload_hash="h" * 64, batch=1, device="cpu
              "time_s": t, "latency_s": t, "verify_steps": tokens[i], "accept_length": 1.0}
             for i, t in enumerate(times)]
     tok, ts = sum(tokens), sum(times)
-    return {"environment": {"device": device},
+    return {"format": "specpilot.bench/1", "environment": {"device": device},
             "settings": {"workload": {"name": "w", "hash": workload_hash}, "batch": batch,
                          "max_new_tokens": 8, "limit": None, "dtype": "float32"},
             "requests": reqs, "totals": {"tokens_per_s": tok / ts, "accept_length": 1.0}}
@@ -165,3 +165,34 @@ def test_cli_compare_corrupt_result_is_one_line(tmp_path, cmd):
                            check=False, capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and bad in r.stderr and "Traceback" not in r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("field, value, want", [
+    ("time_s", 0, "request 'q1' has time_s 0, not a positive number of seconds"),
+    ("time_s", -1.5, "request 'q1' has time_s -1.5, not a positive number of seconds"),
+    ("time_s", float("nan"), "request 'q1' has time_s nan, not a positive number of seconds"),
+    ("time_s", float("inf"), "request 'q1' has time_s inf, not a positive number of seconds"),
+    ("new_tokens", -3, "request 'q1' has new_tokens -3, fewer than 0"),
+    ("format", "other/9", "format is 'other/9', not 'specpilot.bench/1'"),
+    ("format", None, "no format"),
+])
+def test_impossible_values_are_not_a_bench_result(tmp_path, field, value, want):
+    """A time that is not positive, or another format, would shift every ratio quietly."""
+    outs = [[1], [2]]
+    good = _result([1.0, 1.0], [1, 1], outs)
+    bad = copy.deepcopy(good)
+    if field == "format" and value is None:
+        del bad["format"]
+    elif field == "format":
+        bad["format"] = value
+    else:
+        bad["requests"][1][field] = value
+    a, b = tmp_path / "ar.json", tmp_path / "stock.json"
+    a.write_text(json.dumps(good))
+    b.write_text(json.dumps(bad))  # NaN and Infinity: JSON as Python writes and reads it
+    r = subprocess.run([sys.executable, "-m", "specpilot", "compare", "speed", "--ar", str(a),
+                        "--stock", str(b)], check=False, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip() == (f"error: {b} is not a bench result ({want}): make one with "
+                                "`specpilot bench --out`")

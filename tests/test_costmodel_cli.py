@@ -89,6 +89,9 @@ def test_calibrate_command(cfg):
     (["--model", "8b", "--gpu", "h200", "--plot", "x.jsonl"], "must end in .png, .svg or .pdf"),
     (["--model", "8b", "--gpu", "h200", "--plot", "{tmp}"], "is a folder"),
     (["--model", "8b", "--gpu", "h200", "--plot", "{tmp}/f/x.png"], "is not a folder"),
+    (["--model", "{tmp}/f", "--gpu", "h200"], "/f is a file but not a model config.json"),
+    (["--model", "8b", "--gpu", "h200", "--drafter-config", "{tmp}/f"],
+     "/f is a file but not a model config.json"),
 ])
 def test_errors_are_one_line(args, msg, tmp_path):
     (tmp_path / "f").write_text("a file, not a folder")
@@ -99,6 +102,39 @@ def test_errors_are_one_line(args, msg, tmp_path):
     assert r.returncode == 2, r.stderr
     assert msg in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_calibrate_without_cuda_is_one_line(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    r = subprocess.run([sys.executable, "-m", "specpilot", "costmodel", "calibrate", "--device",
+                        "cuda"], check=False, capture_output=True, text=True, timeout=120,
+                       env={"SPECPILOT_DATA": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip() == ("error: --device cuda was asked for but no CUDA device is "
+                                "available: use --device cpu, or a machine with a GPU")
+
+
+def test_calibrate_checks_the_data_folder_before_measuring(tmp_path, monkeypatch):
+    from specpilot.costmodel.calibrate import calibrate
+    from specpilot.runtime.errors import SpecPilotError
+
+    (tmp_path / "data").write_text("a file, not a folder")
+    monkeypatch.setenv("SPECPILOT_DATA", str(tmp_path / "data"))
+    said: list[str] = []
+    with pytest.raises(SpecPilotError, match="data folder .* is not a folder"):
+        calibrate("cpu", shapes=((64, 64),), batches=(1,), copy_bytes=1 << 16, gemm_n=64,
+                  log=said.append)
+    assert said == []  # nothing measured
+    monkeypatch.setenv("SPECPILOT_DATA", str(tmp_path / "ok"))
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "calibration").write_text("a file where the folder goes")
+    with pytest.raises(SpecPilotError, match="/ok/calibration is a file, not a folder: move it"):
+        calibrate("cpu", shapes=((64, 64),), batches=(1,), copy_bytes=1 << 16, gemm_n=64,
+                  log=said.append)
+    assert said == []
 
 
 def test_plot_is_written_atomically(cfg, tmp_path, monkeypatch):

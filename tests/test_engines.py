@@ -156,6 +156,32 @@ def test_damaged_engine_files_are_clear_errors(tmp_path, file, text, needle):
         load_engine(path)
 
 
+def test_incomplete_engines_name_the_file_and_what_is_missing(tmp_path):
+    path = promote(EngineSpec("dep", "final", Knobs(drafter="ngram", k_per_batch={1: 6})), {},
+                   tmp_path)
+    f = path / "engine.toml"
+    good = f.read_text()
+    for edit, want in [
+        (lambda t: re.sub(r"(?m)^deployment = .*$", "", t), "missing required key 'deployment'"),
+        (lambda t: t.replace("overlay = []", f'overlay = ["{NGRAM}"]'),
+         f"overlay file {path / 'overlay' / NGRAM} is missing: restore it from git"),
+        (lambda t: re.sub(r"(?m)^k = 4$", "k = -4", t),
+         "knob k must be an integer in 1..32, got -4"),
+    ]:
+        f.write_text(edit(good))
+        with pytest.raises(SpecPilotError) as e:
+            load_engine(path)
+        assert str(e.value) == f"{f}: {want}" if "overlay" not in want else \
+            str(e.value).startswith(f"{f}: {want}")
+    f.write_text(good)
+    with pytest.raises(SpecPilotError, match=re.escape(f"give the engine's folder ({path}), "
+                                                       "not its engine.toml")):
+        load_engine(f)
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(SpecPilotError, match="is a file, not an engine folder"):
+        load_engine(tmp_path / "afile")
+
+
 def test_replay_needs_a_round(tmp_path):
     from specpilot.engines import replay
 

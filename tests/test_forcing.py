@@ -196,6 +196,19 @@ def test_cli_exit_codes(qwen3_dir, honest, tmp_path, ref):
     assert r.returncode == 2 and "not valid JSON" in r.stderr
 
 
+def test_cli_model_that_is_a_file(tmp_path, honest):
+    recs = tmp_path / "honest.jsonl"
+    recs.write_text("".join(json.dumps(r) + "\n" for r in honest))
+    for model in (recs, tmp_path / "none"):
+        r = _cli("--model", str(model), "--outputs", str(recs))
+        assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.strip() == (f"error: checkpoint directory {tmp_path / 'none'} does not "
+                                "exist: give --model the stock target's HF checkpoint")
+    r = _cli("--model", str(recs), "--outputs", str(recs))
+    assert r.stderr.strip() == (f"error: {recs} is a file, not a checkpoint directory: give "
+                                "--model the stock target's HF checkpoint")
+
+
 def test_cli_relative_model_is_the_callers(qwen3_dir, honest, tmp_path):
     """--model given relative to the caller's directory names that checkpoint, not one
     relative to the reference worker's (the stock root)."""

@@ -51,6 +51,32 @@ def test_missing_directory(tmp_path):
     assert "does not exist" in one_line(e)
 
 
+def test_a_file_where_a_directory_belongs(qwen3_dir, tmp_path):
+    """A file is not reported as missing: the message says it is a file."""
+    from specpilot.kernels.stats import checkpoint_stats
+
+    f = tmp_path / "afile"
+    f.write_text("not a checkpoint")
+    for call, what in [(lambda: load_model(f), "checkpoint directory"),
+                       (lambda: checkpoint_stats(f), "checkpoint directory"),
+                       (lambda: build_engine(qwen3_dir, Knobs(drafter=f"block:{f}", k=2)),
+                        "block drafter directory"),
+                       (lambda: build_engine(qwen3_dir, Knobs(drafter=f"draft:{f}", k=2)),
+                        "checkpoint directory")]:
+        with pytest.raises(CheckpointError) as e:
+            call()
+        assert one_line(e) == f"{f} is a file, not a {what}"
+
+
+def test_bad_k_values_are_printed_plainly():
+    with pytest.raises(SpecPilotError) as e:
+        Knobs.from_dict({"k": 0})
+    assert one_line(e) == "knob k must be an integer in 1..32, got 0"
+    with pytest.raises(SpecPilotError) as e:
+        Knobs.from_dict({"k": 4, "k_per_batch": {"1": 6, "8": 40}})
+    assert one_line(e) == "knob k_per_batch[8] must be an integer in 1..32, got 40"
+
+
 def test_missing_config(qwen3_dir, tmp_path):
     p = copy(qwen3_dir, tmp_path)
     (p / "config.json").unlink()
@@ -197,6 +223,6 @@ def test_bad_requests(qwen3_dir):
 def test_cuda_asked_without_cuda(qwen3_dir):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    with pytest.raises(CheckpointError) as e:
+    with pytest.raises(SpecPilotError) as e:
         build_engine(qwen3_dir, device="cuda")
     assert "cuda" in one_line(e)

@@ -216,3 +216,64 @@ def test_report_out_is_checked_and_written_atomically(tmp_path, monkeypatch):
     res = _cli("runs", "report", "r1", "--out", str(tmp_path / "no" / "r.html"))
     assert res.returncode == 2 and res.stderr.startswith("error: --out")
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("bad, want", [
+    (b"garbage{", "line 3: not valid JSON"),
+    (b"[1, 2", "line 3: not valid JSON"),
+    (b"\xff\xfe\x80", "line 3: not UTF-8 text"),
+])
+def test_a_damaged_line_is_a_one_line_error(tmp_path, monkeypatch, capsys, bad, want):
+    """Not a torn last line (skipped) nor a JSON line that is not an event (named): the
+    file is damaged, so show and report stop, and report writes nothing."""
+    from specpilot.runtime.errors import SpecPilotError
+    from specpilot.trace import show_run
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path))
+    r1 = sample_run(tmp_path, "r1")
+    n = len(r1.events())
+    for torn in ('{"event": "bench", "cand', '{"ev'):  # killed, then resumed: mid-file
+        with open(r1.path, "a") as f:
+            f.write(torn)
+        Trace(r1.dir).append("bench", "c009", (), ok=True)
+    assert len(read_events(r1.path)) == n + 2
+    tr = sample_run(tmp_path, "r2")
+    lines = tr.path.read_bytes().splitlines()
+    tr.path.write_bytes(b"\n".join([*lines[:2], bad, *lines[2:]]) + b"\n")
+    with pytest.raises(SpecPilotError, match=f"r2/trace.jsonl {want}"):
+        show_run("r2")
+    with pytest.raises(SpecPilotError, match=want):
+        write_report("r2", tmp_path / "r.html")
+    assert [r.run_id for r in list_runs()] == ["r1"]
+    assert "run r2 skipped" in capsys.readouterr().err
+    for cmd in (("runs", "show", "r2"), ("runs", "report", "r2")):
+        res = _cli(*cmd)
+        assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.strip().splitlines() == [res.stderr.strip()] and want in res.stderr
+    assert not (tmp_path / "r.html").exists() and not (tr.dir / "report.html").exists()
+
+
+def test_a_runs_folder_that_is_a_file(tmp_path, monkeypatch):
+    from specpilot.runtime.errors import SpecPilotError
+
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path / "none-yet"))
+    assert list_runs() == []  # before the first search: nothing to list
+    f = tmp_path / "afile"
+    f.write_text("x")
+    monkeypatch.setenv("SPECPILOT_RUNS", str(f))
+    with pytest.raises(SpecPilotError, match=f"{f} is a file, not a runs folder: point "
+                                             "SPECPILOT_RUNS at a folder"):
+        list_runs()
+    res = _cli("runs", "list")
+    assert res.returncode == 2 and res.stdout == "" and "not a runs folder" in res.stderr
+
+
+def test_report_out_under_a_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPILOT_RUNS", str(tmp_path / "runs"))
+    sample_run(tmp_path / "runs", "r1")
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = _cli("runs", "report", "r1", "--out", str(f / "r.html"))
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert res.stderr.strip() == (f"error: --out {f / 'r.html'}: {f} is a file, not a "
+                                  "directory: choose another path")

@@ -97,6 +97,19 @@ def test_bad_workloads_fail_in_one_line(tmp_path, data):
         load_workload(str(empty))
 
 
+def test_missing_required_keys_are_named(tmp_path, data):
+    recipe = tmp_path / "r.toml"
+    recipe.write_text('count = 3\nparts = ["dev", "gate"]\n')
+    with pytest.raises(SpecPilotError) as e:
+        load_workload(str(recipe))
+    assert str(e.value) == f"{recipe}: missing required key 'seed'"
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"id": "a", "prompt": "x"}\n{"prompt": "y"}\n')
+    with pytest.raises(SpecPilotError) as e:
+        load_workload(str(rows))
+    assert str(e.value) == f"{rows} line 2: missing required field 'id'"
+
+
 def test_cli_bad_workload_is_one_line_exit_2(data):
     r = subprocess.run([sys.executable, "-m", "specpilot", "zoo", "eval", "--workload", "nope",
                         "--no-heldout"], check=False, capture_output=True, text=True,

@@ -198,6 +198,36 @@ def check_out_path(path: str | Path, flag: str, suffixes: tuple[str, ...]) -> Pa
     return p
 
 
+def check_flags(deployment: str | None, engine: str | None, model: str | None,
+                drafter: str | None, k: int | None, server: str | None, device: str | None,
+                dtype: str | None) -> None:
+    """A one-line error for a `bench` flag its mode would ignore: --drafter is the engine of
+    --model only (a deployment's engine, ar, stock or a folder, fixes its drafter); --k needs
+    a drafter and no engine folder (whose engine.toml fixes k, and whose hash the result
+    names); a server runs as it was started, so --engine, --drafter, --k, --device and
+    --dtype cannot change it."""
+    if server:
+        given = [f"--{n}" for n, v in (("engine", engine), ("drafter", drafter), ("k", k),
+                                        ("device", device), ("dtype", dtype)) if v is not None]
+        if given:
+            raise SpecPilotError(f"{', '.join(given)} cannot change a --server (it runs as it "
+                                 f"was started): leave {'them' if len(given) > 1 else 'it'} out")
+        return
+    if drafter is not None and not model:
+        raise SpecPilotError("--drafter only with --model: a deployment's engine (--engine ar, "
+                             "stock or an engine folder) fixes its drafter")
+    if k is None:
+        return
+    if deployment and engine not in (None, "ar", "stock"):
+        raise SpecPilotError(f"--k does not apply to engine {engine}: its engine.toml fixes k "
+                             "(bench it as it is, or use --engine stock --k N)")
+    no_drafter = engine == "ar" if deployment else drafter in (None, "", "none", "ar")
+    if no_drafter:
+        raise SpecPilotError("--k needs a drafter: the ar engine drafts nothing "
+                             + ("(use --engine stock --k N)" if deployment
+                                else "(give --drafter too)"))
+
+
 def write_result(path: str | Path, result: dict) -> None:
     """Atomically (a temporary file beside `path`, then a rename); one-line error if not."""
     from ..atomic import write_json_atomic
@@ -287,6 +317,7 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
 
     check_ranges(limit=limit, batch=batch, max_new_tokens=max_new_tokens, k=k, repeats=repeats)
     check_out_path(out, "--out", ())
+    check_flags(deployment, engine, model, drafter, k, server, device, dtype)
     if device is not None:
         check_device(device)
     meta: dict = {}
@@ -310,6 +341,9 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
         else:
             from .. import engines
 
+            if not Path(engine).exists():
+                raise SpecPilotError(f"no engine {engine!r}: give ar or stock (the built-in "
+                                     f"engines) or an engine folder, e.g. engines/{dep.name}/final")
             loaded = engines.load_engine(engine)
             if loaded.spec.deployment != dep.name:
                 raise SpecPilotError(f"engine {engine} was made for deployment "
@@ -320,6 +354,8 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
             if loaded.spec.overlay:
                 build = engines.build(loaded.spec).path
         meta["engine"] = engine
+        if k is not None:
+            knobs = knobs.with_(k=k)
         if engine in ("ar", "stock"):
             try:
                 from ..engines import content_hash
@@ -336,10 +372,9 @@ def bench_command(deployment: str | None, engine: str | None, model: str | None,
     elif not server:
         raise SpecPilotError("give --deployment NAME --engine ar|stock|PATH, --model DIR, "
                              "or --server URL")
-    if k is not None and deployment:
-        knobs = knobs.with_(k=k)
     if not workload:
-        raise SpecPilotError("give --workload NAME|FILE (the deployment names none)")
+        raise SpecPilotError("give --workload NAME|FILE" + (" (the deployment names none)"
+                                                           if deployment else ""))
     device, dtype = device or "cpu", dtype or "float32"
     batch = batch if batch is not None else 1
     max_new_tokens = max_new_tokens if max_new_tokens is not None else 128

@@ -11,10 +11,12 @@ divergence) is informational: losslessness is token forcing's verdict, not this.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
 from ..runtime.errors import SpecPilotError
+from .bench import FORMAT
 from .stats import paired_bootstrap_ratio, throughput
 
 MUST_MATCH = (("settings", "workload", "hash"), ("settings", "batch"),
@@ -44,9 +46,13 @@ def load_result(path: str | Path) -> dict:
 
 
 def _malformed(d) -> str:
-    """What is missing from a bench result for compare, or "" if nothing is."""
+    """What is missing from (or impossible in) a bench result for compare, or "" if
+    nothing is: another format, a request without a positive, finite time."""
     if not isinstance(d, dict):
         return "not a JSON object"
+    fmt = d.get("format")
+    if fmt != FORMAT:
+        return f"format is {fmt!r}, not {FORMAT!r}" if "format" in d else "no format"
     for key in ("environment", "settings", "totals"):
         if not isinstance(d.get(key), dict):
             return f"no {key}"
@@ -61,6 +67,11 @@ def _malformed(d) -> str:
         for key, kind in (("time_s", (int, float)), ("new_tokens", int), ("output_ids", list)):
             if not isinstance(q.get(key), kind) or isinstance(q.get(key), bool):
                 return f"request {q['id']!r} has no {key}"
+        if not (math.isfinite(q["time_s"]) and q["time_s"] > 0):
+            return (f"request {q['id']!r} has time_s {q['time_s']!r}, not a positive "
+                    "number of seconds")
+        if q["new_tokens"] < 0:
+            return f"request {q['id']!r} has new_tokens {q['new_tokens']}, fewer than 0"
     return ""
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from ..deployment import ROOT, data_dir
-from ..runtime.errors import SpecPilotError
+from ..runtime.errors import SpecPilotError, missing_key
 
 CUT_RULES = ("def-class-blank", "def-class")
 _HEADER = re.compile(r"[ \t]*(async[ \t]+def|def|class)[ \t]")
@@ -89,7 +89,9 @@ class Recipe:
             )
         except OSError as e:
             raise SpecPilotError(f"cannot read workload recipe {path} ({e.strerror})") from None
-        except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as e:
+        except KeyError as e:
+            raise missing_key(str(path), e) from None
+        except (tomllib.TOMLDecodeError, TypeError, ValueError) as e:
             raise SpecPilotError(f"{path}: bad workload recipe ({type(e).__name__}: "
                                  f"{_one_line(e)})") from None
         if r.source != "stdlib" or r.split not in ("train", "heldout") or r.cut not in CUT_RULES:
@@ -173,7 +175,9 @@ def read_jsonl(path: Path) -> list[WorkloadItem]:
             d = json.loads(line)
             items.append(WorkloadItem(str(d["id"]), str(d.get("dataset", path.stem)),
                                       str(d["prompt"]), d.get("reference")))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except KeyError as e:
+        raise missing_key(f"{path} line {n}", e, "field") from None
+    except (json.JSONDecodeError, TypeError) as e:
         raise SpecPilotError(f"{path} line {n}: bad workload JSONL ({type(e).__name__}: "
                              f"{_one_line(e)}); rows need id and prompt") from None
     if not items:

@@ -77,9 +77,17 @@ def calibrate(device: str = "auto", shapes: tuple[tuple[int, int], ...] | None =
               batches: tuple[int, ...] = BATCHES, copy_bytes: int | None = None,
               gemm_n: int | None = None, save: bool = True,
               log: Callable[[str], None] | None = None) -> Ceilings:
-    """Measure `device` ("auto" | "cpu" | "cuda") and, with `save`, store the result."""
+    """Measure `device` ("auto" | "cpu" | "cuda") and, with `save`, store the result. A
+    device that is not here, or a data folder the result cannot go to, is a one-line error
+    before anything is measured."""
     import torch
 
+    from ..runtime.errors import check_cuda, check_dir
+
+    check_cuda(device)
+    folder = calibration_path("cpu").parent  # every device's; data_dir() checks SPECPILOT_DATA
+    if save and folder.exists():
+        check_dir(folder, "folder", "move it away or point SPECPILOT_DATA at another folder")
     say = log or (lambda s: None)
     cuda = (device == "cuda") or (device == "auto" and torch.cuda.is_available())
     dev = "cuda" if cuda else "cpu"

@@ -193,7 +193,11 @@ def load_spec(source: str | Path | dict, weights: str | None = None) -> ModelSpe
                              f"config.json, or a preset ({', '.join(sorted(PRESETS))})")
     try:
         d = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise SpecPilotError(f"{p} is not valid JSON ({e})") from None
+    except OSError as e:
+        raise SpecPilotError(f"cannot read {p} ({e.strerror}): check its permissions") from None
+    except ValueError as e:  # not UTF-8, or not JSON
+        raise SpecPilotError(f"{p} is a file but not a model config.json ({e}): give a "
+                             "checkpoint directory, its config.json, or a preset "
+                             f"({', '.join(sorted(PRESETS))})") from None
     name = p.parent.name if p.name == "config.json" else p.stem
     return ModelSpec.from_hf(d, name=name, weights=weights)

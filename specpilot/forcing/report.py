@@ -83,6 +83,7 @@ def _check_options(max_new_tokens: int | None, tie_margin: float | None, device:
                    dtype: str) -> None:
     """Bad options are input errors, not verdicts: reject them before any work."""
     from ..deployment import DTYPES, check_device
+    from ..runtime.errors import check_cuda
 
     if max_new_tokens is not None and max_new_tokens < 1:
         raise SpecPilotError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
@@ -91,11 +92,7 @@ def _check_options(max_new_tokens: int | None, tie_margin: float | None, device:
     check_device(device)
     if dtype not in DTYPES:
         raise SpecPilotError(f"unknown dtype {dtype!r}: use {', '.join(DTYPES)}")
-    if device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise SpecPilotError("--device cuda was asked for but no CUDA device is available")
+    check_cuda(device)
 
 
 def verify_command(model: str | None, outputs: str | None, server: str | None,
@@ -105,6 +102,10 @@ def verify_command(model: str | None, outputs: str | None, server: str | None,
     if model is None and server is None:
         raise SpecPilotError("give --model DIR (the stock target), or --server URL")
     _check_options(max_new_tokens, tie_margin, device, dtype)
+    if model is not None:
+        from ..runtime.errors import check_dir
+
+        check_dir(model, "checkpoint directory", "give --model the stock target's HF checkpoint")
     if calibrate:
         from .calibrate import calibrate as run
 

@@ -28,11 +28,10 @@ class TensorStats:
 
 def checkpoint_stats(model_dir: str | Path) -> list[TensorStats]:
     """W12 statistics of every 2-D float tensor of an HF safetensors checkpoint."""
+    from ..runtime.errors import check_dir
     from ..runtime.loader import read_tensors
 
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    path = check_dir(model_dir, "checkpoint directory", error=CheckpointError)
     out = []
     for name, t in sorted(read_tensors(path).items()):
         if t.dim() != 2 or not t.is_floating_point():

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from .drafter import Drafter
-from .errors import CheckpointError, SpecPilotError
+from .errors import CheckpointError, SpecPilotError, check_cuda
 from .generate import Engine
 from .knobs import Knobs
 from .loader import load_model, parse_dtype
@@ -110,8 +110,7 @@ def build_engine(model_dir: str | Path, knobs: Knobs | None = None, device: str 
     will run, which decides where W12 layers pay off (`step_rows`)."""
     knobs = knobs or Knobs()
     sizes = (batch_size,) if isinstance(batch_size, int) else tuple(batch_size)
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError("--device cuda was asked for but no CUDA device is available")
+    check_cuda(device)
     check_linear_knobs(knobs, device, dtype)
     if knobs.threads and device == "cpu":
         torch.set_num_threads(knobs.threads)

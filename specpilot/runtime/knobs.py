@@ -85,9 +85,10 @@ class Knobs:
                 raise SpecPilotError(f"knob {f.name} must be {_KIND_NAMES[want]}, got {v!r}")
         if self.drafter is not None and not isinstance(self.drafter, str):
             raise SpecPilotError(f"knob drafter must be a string or none, got {self.drafter!r}")
-        ks = [self.k, *self.k_per_batch.values()]
-        if any(not isinstance(k, int) or not 1 <= k <= 32 for k in ks):
-            raise SpecPilotError(f"k must be an integer in 1..32, got {ks}")
+        named = {"k": self.k} | {f"k_per_batch[{b}]": k for b, k in self.k_per_batch.items()}
+        for name, k in named.items():
+            if type(k) is not int or not 1 <= k <= 32:
+                raise SpecPilotError(f"knob {name} must be an integer in 1..32, got {k!r}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 8:
             raise SpecPilotError("ngram knobs need 1 <= ngram_min <= ngram_max <= 8")
         if self.threads < 0:

@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from .config import ModelConfig
-from .errors import CheckpointError
+from .errors import CheckpointError, check_dir
 from .model import Transformer, rope_inv_freq
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,9 +85,7 @@ def load_state(model: torch.nn.Module, tensors: dict[str, torch.Tensor], dtype: 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
                dtype: str | torch.dtype = "float32") -> Transformer:
     """Build the runtime model from a checkpoint directory."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    path = check_dir(path, "checkpoint directory", error=CheckpointError)
     cfg = ModelConfig.from_file(path)
     dtype = parse_dtype(dtype)
     with torch.device("meta"):

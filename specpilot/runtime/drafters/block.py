@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from ..config import ModelConfig, read_config_json
 from ..drafter import Drafter
-from ..errors import CheckpointError
+from ..errors import CheckpointError, check_dir
 from ..loader import load_state, parse_dtype, read_tensors
 from ..model import MLP, RMSNorm, Transformer, rotate_half
 
@@ -256,9 +256,7 @@ def load_block_model(path: str | Path, device: str | torch.device = "cpu",
                      target_cfg: ModelConfig | None = None) -> BlockDrafterModel:
     """The drafter's own weights from `path`, its config checked against `target_cfg` (when
     given) before any weight is read."""
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"block drafter directory {path} does not exist")
+    path = check_dir(path, "block drafter directory", error=CheckpointError)
     f = path / "config.json"
     cfg = BlockConfig.from_hf(read_config_json(f, "point block:DIR at a block drafter"), str(f))
     if target_cfg is not None:
