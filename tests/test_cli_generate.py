@@ -66,6 +66,7 @@ def test_json_with_draft_model_equals_greedy(qwen3_dir, qwen3_draft_dir, referen
     assert m["new_tokens"] == len(ids) and m["prompt_tokens"] == 4
     assert m["verify_steps"] >= 1 and len(m["accept_hist"]) == 4
     assert sum(m["accept_hist"]) == m["verify_steps"]
+    assert 0 <= sum((n + 1) * c for n, c in enumerate(m["accept_hist"])) - (len(ids) - 1) <= 3
     assert m["accept_length"] == pytest.approx((len(ids) - 1) / m["verify_steps"])
     assert m["prefill_s"] > 0 and m["decode_s"] > 0
 
@@ -202,6 +203,24 @@ def test_bad_input_exits_2_with_one_line(cases, bad_runs, case, capsys, monkeypa
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err and out == ""
     assert WORDS.get(case, "") in lines[0]
+
+
+def test_context_limit_is_prompt_plus_new_tokens(qwen3_dir, reference, capsys, monkeypatch):
+    """A 512-position model serves 3 + 509 tokens, with a drafter too (drafts verified past
+    the end are never returned), and says what fits when asked for one more."""
+    base = ["generate", "--model", qwen3_dir, "--input-ids", "5,6,7", "--ignore-eos", "--json"]
+    want = reference[0].generate([[5, 6, 7]], 509, ignore_eos=True)[0].output_ids
+    for drafter in ("none", "ngram"):
+        rc, out, err = run_in_process([*base, "--max-new-tokens", 509, "--drafter", drafter],
+                                      capsys, monkeypatch)
+        assert rc in (0, None), err
+        assert json.loads(out)["output_ids"] == want
+    rc, out, err = run_in_process([*base, "--max-new-tokens", 510, "--drafter", "none"],
+                                  capsys, monkeypatch)
+    assert rc == 2 and out == ""
+    assert err.strip() == ("error: --input-ids: the prompt has 3 tokens and max_new_tokens=510: "
+                           "that needs 3 + 510 = 513 positions but the model's context is 512: "
+                           "ask for at most 509 new tokens or shorten the prompt")
 
 
 @pytest.mark.parametrize("case", ["usage: unknown option", "usage: bad int"])

@@ -147,3 +147,40 @@ def test_draft_model_drafter_in_step_graph(models, prompts):
     assert out[True] == out[False]
     r = forced_failures(stock, prompts, out[True], fused)
     assert r["failures"] == 0, r
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "ngram", None])
+def test_stop_rules_with_graphs_and_late_flags(models, prompts, drafter):
+    """Stop rules on the CUDA-graph engine (flags read a step late): each row ends where
+    its rule says, a row without one runs on unchanged, decoding stops once all have ended,
+    and the metrics count the steps that returned tokens."""
+    _, fused = models
+    d = {"oracle": lambda: OracleDrafter(fused, 0.8), "ngram": lambda: NgramDrafter(3, 1),
+         None: lambda: None}[drafter]()
+    eng = Engine(fused, d, k=4)
+    full = eng.generate(prompts, 96, ignore_eos=True)
+    steps = []
+    step = eng._step
+    eng._step = lambda *a: (steps.append(1), step(*a))[1]
+    stop_id = full[0].output_ids[9]
+    at = full[0].output_ids.index(stop_id) + 1
+
+    def on_id(ids):
+        return ids.index(stop_id) + 1 if stop_id in ids else None
+
+    def at_seven(ids):
+        return 7 if len(ids) >= 7 else None
+
+    for rules, cut in (([on_id, None, at_seven, at_seven], [at, 96, 7, 7]),
+                       ([on_id, at_seven, at_seven, at_seven], [at, 7, 7, 7])):
+        steps.clear()
+        gens = eng.generate(prompts, 96, ignore_eos=True, stops=rules)
+        assert [g.output_ids for g in gens] == [f.output_ids[:n] for f, n in zip(full, cut)]
+        for g, n in zip(gens, cut):
+            h, m = g.metrics.accept_hist, g.metrics
+            assert g.finish_reason == ("length" if n == 96 else "stop")
+            assert sum(h) == m.verify_steps
+            assert 0 <= sum((i + 1) * c for i, c in enumerate(h)) - (n - 1) <= 4
+        assert gens[1].metrics.accept_hist == full[1].metrics.accept_hist or cut[1] == 7
+    # all rows stopped early: decoding ended within a step of the last stop
+    assert len(steps) <= max(g.metrics.verify_steps for g in gens) + 1 < full[0].metrics.verify_steps

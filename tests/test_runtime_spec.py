@@ -4,6 +4,8 @@ no-cache argmax loop over the transformers model), and the metrics add up."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -67,13 +69,15 @@ def check_metrics(g: Generation, max_new: int, k: int) -> None:
     assert m.prompt_tokens == len(g.prompt_ids)
     assert sum(m.accept_hist) == m.verify_steps
     assert len(m.accept_hist) == k + 1
+    # the steps that returned tokens, each as accepted (only the last may run past the end)
+    assert 0 <= sum((n + 1) * c for n, c in enumerate(m.accept_hist)) - (m.new_tokens - 1) <= k
     # the first token comes from prefill; every other one from a verify step
     if m.verify_steps:
         assert abs(m.accept_length * m.verify_steps - (m.new_tokens - 1)) < 1e-9
         assert 1.0 <= m.accept_length <= k + 1
     else:
         assert m.new_tokens == 1
-    assert g.finish_reason in ("eos", "length")
+    assert g.finish_reason in ("eos", "stop", "length")
     if g.finish_reason == "length":
         assert len(g.output_ids) == max_new
     assert m.prefill_s >= 0 and m.decode_s >= 0
@@ -170,3 +174,39 @@ def test_engine_reuse_across_calls(qwen3_dir, prompts, reference, drafters, name
                                              reference[0][:9]]
     one = engine.generate([prompts[1]], N_NEW, ignore_eos=True)
     assert one[0].output_ids == reference[1]
+
+
+def test_stop_rules_end_rows_early_in_a_batch(qwen3_dir, prompts, reference, drafters):
+    """A request's own stop rule ends its row as it decodes (the others run on, unchanged),
+    decoding stops once every row has ended, and the metrics count the returned tokens."""
+    engine, _ = build_engine(qwen3_dir, Knobs(drafter=drafters["draft-near"], k=4))
+    steps = []
+    step = engine._step
+    engine._step = lambda *a: (steps.append(1), step(*a))[1]
+    full = engine.generate(prompts, N_NEW, ignore_eos=True)
+    n_full = len(steps)
+    stop_id = reference[0][6]
+    at = reference[0].index(stop_id) + 1
+
+    def on_id(ids):
+        return ids.index(stop_id) + 1 if stop_id in ids else None
+
+    def at_five(ids):
+        return 5 if len(ids) >= 5 else None
+
+    steps.clear()
+    outs = engine.generate(prompts, N_NEW, ignore_eos=True, stops=[on_id, None, at_five])
+    assert [o.output_ids for o in outs] == [reference[0][:at], reference[1], reference[2][:5]]
+    assert [o.finish_reason for o in outs] == ["stop", "length", "stop"]
+    m = outs[1].metrics  # row 1 ran to the end as it does alone
+    assert m == dataclasses.replace(full[1].metrics, prefill_s=m.prefill_s, decode_s=m.decode_s)
+    assert len(steps) == m.verify_steps
+    for o in outs:
+        check_metrics(o, N_NEW, 4)
+    steps.clear()
+    outs = engine.generate(prompts, N_NEW, ignore_eos=True, stops=[on_id, at_five, at_five])
+    assert [o.output_ids for o in outs] == [reference[0][:at], reference[1][:5],
+                                            reference[2][:5]]
+    assert len(steps) == max(o.metrics.verify_steps for o in outs) < n_full
+    for o in outs:
+        check_metrics(o, N_NEW, 4)

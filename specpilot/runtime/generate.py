@@ -6,17 +6,21 @@ the same loop is plain greedy AR decoding. Every committed token is the target's
 given the committed prefix, so the output equals greedy decoding by construction.
 
 A step never waits for the host: acceptance, commit (tokens, lengths), the per-row finished
-flag (EOS or max_new_tokens reached) and the metrics are updated on the device in persistent
-buffers. Finished rows keep running harmlessly (their length stops advancing). The host
-learns "all finished" and the longest row one step late (`AsyncFlags`), which also bounds
-the attended cache prefix (`kv_bucket` multiples) so that one CUDA graph per (batch, k,
+flag (EOS or max_new_tokens reached) and each step's commit count are updated on the device
+in persistent buffers. Finished rows keep running harmlessly (their length stops advancing).
+The host learns "all finished" and the longest row one step late (`AsyncFlags`), which also
+bounds the attended cache prefix (`kv_bucket` multiples) so that one CUDA graph per (batch, k,
 bucket) serves every step (`StepGraphs`). On a CPU the flags are read at once and the
-attended prefix is exact. Outputs are cut at the first EOS / max_new_tokens at the end.
+attended prefix is exact. A request's own stop rule (stop ids, stop strings: `Stop`) runs on
+the host after every step, on the rows that have one, and marks a row finished once it
+fires. Outputs are cut at the first EOS / max_new_tokens / stop at the end, and the metrics
+count the steps that returned tokens.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -34,7 +38,7 @@ class RequestMetrics:
     new_tokens: int
     verify_steps: int
     accept_length: float  # tokens committed by verify steps / verify steps (bonus included)
-    accept_hist: list[int]  # accept_hist[n]: verify steps that accepted n drafted tokens
+    accept_hist: list[int]  # accept_hist[n]: verify steps (that returned a token) accepting n drafts
     prefill_s: float
     decode_s: float
 
@@ -43,7 +47,7 @@ class RequestMetrics:
 class Generation:
     prompt_ids: list[int]
     output_ids: list[int]
-    finish_reason: str  # "eos" | "length"
+    finish_reason: str  # "eos" | "stop" (the request's own Stop) | "length"
     metrics: RequestMetrics
 
     def to_dict(self) -> dict:
@@ -59,15 +63,35 @@ class _State:
     prompt_lens: Tensor  # [B]
     done: Tensor  # [B] bool
     steps: Tensor  # [B] verify steps while live
-    hist: Tensor  # [B, k + 1]
+    commits: Tensor  # [B, S]: tokens committed by each of those steps
     drafts: Tensor  # [B, max(k, 1)]
     eos: Tensor  # [E] EOS ids (-1 = none)
     max_new: Tensor  # [] max_new_tokens
     stats: Tensor  # [2]: all done, longest row
 
 
+#: A request's own stop rule: given its output so far, the length to cut it to once it must
+#: end (a stop id or a stop string reached; the server's `protocol.stop_rule`), else None.
+Stop = Callable[[list[int]], int | None]
+
+
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def _step_metrics(commits: list[int], n_out: int, width: int) -> tuple[int, list[int]]:
+    """Verify steps and accept histogram of an output of `n_out` tokens (the first one from
+    prefill), from each step's commit count: the steps that returned a token, each in the
+    bin of the drafts it accepted (the drafter's acceptance, which the acceptance estimates
+    read: a last step cut by the output's end still counts what it accepted), so
+    0 <= sum((n + 1) * hist[n]) - (n_out - 1) < width."""
+    hist, left = [0] * width, n_out - 1
+    for c in commits:
+        if left <= 0:
+            break
+        hist[c - 1] += 1
+        left -= c
+    return sum(hist), hist
 
 
 @dataclass
@@ -115,19 +139,22 @@ class Engine:
 
     @torch.inference_mode()
     def generate(self, prompts: list[list[int]], max_new_tokens: int = 128,
-                 ignore_eos: bool = False) -> list[Generation]:
+                 ignore_eos: bool = False,
+                 stops: list[Stop | None] | None = None) -> list[Generation]:
+        """Greedy outputs of `prompts`; `stops[b]`, if given, is prompt b's own stop rule."""
         if not prompts:
             return []
         if self.pdl and self.target.device.type == "cuda":
             from ..kernels import pdl
 
             with pdl.scope(True):
-                return self._generate(prompts, max_new_tokens, ignore_eos)
-        return self._generate(prompts, max_new_tokens, ignore_eos)
+                return self._generate(prompts, max_new_tokens, ignore_eos, stops)
+        return self._generate(prompts, max_new_tokens, ignore_eos, stops)
 
-    def _generate(self, prompts: list[list[int]], max_new_tokens: int,
-                  ignore_eos: bool) -> list[Generation]:
+    def _generate(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool,
+                  stops: list[Stop | None] | None) -> list[Generation]:
         self._check(prompts, max_new_tokens)
+        stops = stops or [None] * len(prompts)
         prepare = getattr(self.drafter, "prepare", None)
         if prepare is not None:
             prepare(prompts, max_new_tokens, self)  # may call generate (oracle recording)
@@ -164,7 +191,7 @@ class Engine:
         st.prompt_lens.copy_(plens)
         st.lengths.copy_(plens + 1)
         st.steps.zero_()
-        st.hist.zero_()
+        st.commits.zero_()
         eos = [] if ignore_eos else list(self.eos_ids)
         st.eos.fill_(-1)
         if eos:
@@ -174,7 +201,8 @@ class Engine:
         if self.drafter is not None:
             rows = None if hidden is None else [hidden[b, T - n:] for b, n in enumerate(lens)]
             self.drafter.prefill(prompts, rows)
-        all_done = bool(st.done.all())
+        stopping = [b for b in range(B) if stops[b] is not None]  # rows a Stop may end
+        all_done = self._stop_rows(st, stops, stopping, lens) if stopping else bool(st.done.all())
         prefill_s = time.perf_counter() - t0
 
         t1 = time.perf_counter()
@@ -189,8 +217,10 @@ class Engine:
             got = flags.pop()
             if got is not None:
                 all_done, known_max = bool(got[0]), got[1]
+            if stopping:  # a sync per step, only for batches with a request's own stops
+                all_done = self._stop_rows(st, stops, stopping, lens) or all_done
         tokens, lengths = st.tokens.tolist(), st.lengths.tolist()
-        steps, hist = st.steps.tolist(), st.hist.tolist()
+        commits = st.commits[:, :max_new_tokens].tolist()
         decode_s = time.perf_counter() - t1
 
         out = []
@@ -202,6 +232,10 @@ class Engine:
                 if t in eos_set:
                     ids, reason = ids[: j + 1], "eos"
                     break
+            cut = stops[b](ids) if stops[b] is not None else None
+            if cut is not None:
+                ids, reason = ids[:cut], "stop"
+            steps, hist = _step_metrics(commits[b], len(ids), k + 1)
             out.append(Generation(
                 prompt_ids=list(prompts[b]),
                 output_ids=ids,
@@ -209,14 +243,28 @@ class Engine:
                 metrics=RequestMetrics(
                     prompt_tokens=lens[b],
                     new_tokens=len(ids),
-                    verify_steps=steps[b],
-                    accept_length=(len(ids) - 1) / steps[b] if steps[b] else 0.0,
-                    accept_hist=hist[b],
+                    verify_steps=steps,
+                    accept_length=(len(ids) - 1) / steps if steps else 0.0,
+                    accept_hist=hist,
                     prefill_s=prefill_s,
                     decode_s=decode_s,
                 ),
             ))
         return out
+
+    def _stop_rows(self, st: _State, stops: list[Stop | None], rows: list[int],
+                   lens: list[int]) -> bool:
+        """Mark finished the `rows` whose stop rule fires on their output so far (rows that
+        finished are dropped from `rows`); returns whether every row is finished."""
+        done, lengths = st.done.tolist(), st.lengths.tolist()
+        for b in list(rows):
+            if not done[b] and stops[b](st.tokens[b, lens[b]: lengths[b]].tolist()) is None:
+                continue
+            if not done[b]:
+                st.done[b] = True
+                done[b] = True
+            rows.remove(b)
+        return all(done)
 
     # -- the device-side step -------------------------------------------------------------
 
@@ -237,7 +285,7 @@ class Engine:
                 return torch.zeros(shape, dtype=dtype, device=dev)
 
             st = _State(tokens=z(B, S), lengths=z(B), prompt_lens=z(B),
-                        done=z(B, dtype=torch.bool), steps=z(B), hist=z(B, k + 1),
+                        done=z(B, dtype=torch.bool), steps=z(B), commits=z(B, S),
                         drafts=z(B, max(k, 1)), eos=z(max(len(self.eos_ids), 1)),
                         max_new=z(), stats=z(2))
             self._states[key] = st
@@ -281,18 +329,22 @@ class Engine:
         live = (~st.done).long()
         st.tokens.scatter_(1, st.lengths[:, None] + ar, pred)
         hit = ((pred[:, :, None] == st.eos).any(-1) & (ar <= n_acc[:, None])).any(1)
+        st.commits.scatter_(1, st.steps[:, None], (live * (n_acc + 1))[:, None])
         st.steps.add_(live)
-        st.hist.scatter_add_(1, n_acc[:, None], live[:, None])
         st.lengths.add_(live * (n_acc + 1))
         st.done.logical_or_(hit | (st.lengths - st.prompt_lens >= st.max_new))
         st.stats.copy_(torch.stack([st.done.all().long(), st.lengths.max()]))
         return start, n_acc, hidden
 
-    def _check(self, prompts: list[list[int]], max_new_tokens: int) -> None:
+    def _check(self, prompts: list[list[int]], max_new_tokens: int,
+               name: str = "max_new_tokens") -> None:
+        """Refuse a request the engine cannot serve; `name`: what the caller calls
+        max_new_tokens (an API's own field)."""
         cfg = self.target.cfg
+        ctx = cfg.max_position_embeddings
         self._check_k()
         if max_new_tokens < 1:
-            raise RequestError("max_new_tokens must be at least 1")
+            raise RequestError(f"{name} must be at least 1, got {max_new_tokens}")
         for i, p in enumerate(prompts):
             if not p:
                 raise RequestError(f"prompt {i} is empty: give at least one token")
@@ -301,8 +353,13 @@ class Engine:
                 raise RequestError(
                     f"prompt {i} has token id {bad[0]} outside the vocabulary [0, {cfg.vocab_size})"
                 )
-            if len(p) + max_new_tokens + self.k + 2 > cfg.max_position_embeddings:
+            # every returned token sits at a position < len(p) + max_new_tokens; drafts verified
+            # past it are never returned (and the cache has room for them)
+            if len(p) + max_new_tokens > ctx:
+                fix = (f"ask for at most {ctx - len(p)} new tokens or shorten the prompt"
+                       if len(p) < ctx else f"shorten the prompt to under {ctx} tokens")
                 raise RequestError(
-                    f"prompt {i} has {len(p)} tokens; with max_new_tokens={max_new_tokens} it "
-                    f"exceeds the model's context of {cfg.max_position_embeddings}: shorten it"
+                    f"prompt {i} has {len(p)} tokens and {name}={max_new_tokens}: that needs "
+                    f"{len(p)} + {max_new_tokens} = {len(p) + max_new_tokens} positions but the "
+                    f"model's context is {ctx}: {fix}"
                 )

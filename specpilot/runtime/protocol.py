@@ -1,19 +1,22 @@
 """The wire formats the native server speaks: SGLang's `/generate` and OpenAI's `/v1`.
 
-Request bodies are pydantic models (unknown fields are ignored, wrong types rejected), and
-the pure functions here turn an engine result into responses: stop-string truncation,
-finish reasons, SGLang's `meta_info` with the logprob arrays used for teacher forcing, and
-OpenAI's completion objects and stream chunks.
+Request bodies are pydantic models (unknown fields are ignored, wrong types rejected, and
+the few fields that would change the output that SpecPilot does not implement refused), and
+the pure functions here make a request's stop rule (stop ids and strings, which the engine
+applies as it decodes) and turn an engine result into responses: finish reasons, SGLang's
+`meta_info` with the logprob arrays used for teacher forcing, and OpenAI's completion
+objects and stream chunks.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
@@ -21,21 +24,37 @@ from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 from .errors import RequestError
 
 if TYPE_CHECKING:
-    from .generate import Engine, RequestMetrics
+    from .generate import Engine, RequestMetrics, Stop
     from .tokenizer import Tokenizer
 
 Ids = list[StrictInt]
+_PENALTIES = {"frequency_penalty": (0,), "presence_penalty": (0,)}
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept aside (`model_extra`) and ignored, but:
+    #: fields that would change the output (or ask for what is not returned) and that
+    #: SpecPilot does not implement, with the values that mean "off" (and null): any other
+    #: value is refused rather than silently ignored
+    refused: ClassVar[dict[str, tuple]] = {}
+
+    def refuse_unsupported(self, where: str = "") -> None:
+        for name, off in self.refused.items():
+            v = (self.model_extra or {}).get(name)
+            if v is not None and v not in off:
+                shown = f" (or send {json.dumps(off[0])})" if off else ""
+                raise RequestError(f"{where}{name}={json.dumps(v)} is not supported by this "
+                                   f"server (plain greedy decoding): leave it out{shown}")
 
 
 class SamplingParams(_Body):
     max_new_tokens: StrictInt = 128
     temperature: float | None = None
-    ignore_eos: StrictBool = False
+    ignore_eos: StrictBool = False  # as in SGLang, it turns stop_token_ids off too
     stop: StrictStr | list[StrictStr] | None = None
+    stop_token_ids: Ids | None = None
+    refused: ClassVar = {"min_new_tokens": (0,), "repetition_penalty": (1,), **_PENALTIES,
+                         "regex": (), "json_schema": (), "ebnf": ()}
 
 
 class GenerateRequest(_Body):
@@ -60,6 +79,9 @@ class CompletionRequest(_Body):
     stream: StrictBool = False
     n: StrictInt = 1
     ignore_eos: StrictBool = False  # SGLang's extension, handy for benchmarks
+    stop_token_ids: Ids | None = None  # SGLang's extension
+    refused: ClassVar = {"logit_bias": ({},), **_PENALTIES, "logprobs": (), "echo": (False,),
+                         "best_of": (1,)}
 
 
 class ChatMessage(_Body):
@@ -88,13 +110,18 @@ class ChatRequest(_Body):
     stream: StrictBool = False
     n: StrictInt = 1
     ignore_eos: StrictBool = False
+    stop_token_ids: Ids | None = None
+    refused: ClassVar = {"logit_bias": ({},), **_PENALTIES, "logprobs": (False,),
+                         "top_logprobs": (0,)}
 
 
-def check_prompt(engine: Engine, ids: list[int], max_new_tokens: int, label: str) -> None:
+def check_prompt(engine: Engine, ids: list[int], max_new_tokens: int, label: str,
+                 name: str = "max_new_tokens") -> None:
     """The engine's own request checks (empty, out of vocabulary, too long) for one prompt,
-    so a bad prompt is refused alone instead of failing the batch it would join."""
+    so a bad prompt is refused alone instead of failing the batch it would join; `name`:
+    the request's field for max_new_tokens."""
     try:
-        engine._check([ids], max_new_tokens)
+        engine._check([ids], max_new_tokens, name)
     except RequestError as e:
         msg = str(e).replace("prompt 0", "the prompt", 1)
         raise RequestError(f"{label}: {msg}" if label else msg) from None
@@ -125,9 +152,37 @@ def error_body(message: str, kind: str = "invalid_request_error", code: int = 40
     return {"error": {"message": message, "type": kind, "code": code}}
 
 
+def stop_len(ids: list[int], stop_ids: frozenset[int], stops: tuple[str, ...],
+             decode: Callable[[list[int]], str]) -> int | None:
+    """Length of the shortest prefix of `ids` that ends on a stop id or whose text holds a
+    stop string; None when neither occurs."""
+    n = next((j + 1 for j, t in enumerate(ids) if t in stop_ids), None)
+    head = ids if n is None else ids[:n]
+    if not stops or not any(s in decode(head) for s in stops):
+        return n
+    lo, hi = 1, len(head)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in decode(head[:mid]) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def stop_rule(stop_ids: tuple[int, ...], stops: tuple[str, ...],
+              decode: Callable[[list[int]], str]) -> Stop | None:
+    """A request's own stop rule for `Engine.generate` (None without stop ids or strings):
+    the output ends with the first stop id, or with the token that completes a stop string."""
+    if not stop_ids and not stops:
+        return None
+    ids = frozenset(stop_ids)
+    return lambda out: stop_len(out, ids, stops, decode)
+
+
 @dataclass
 class Finished:
-    """What the client sees of one generation after EOS and stop-string handling."""
+    """What the client sees of one generation after EOS and stop handling."""
 
     output_ids: list[int]
     text: str
@@ -140,27 +195,19 @@ class Finished:
 
 def finish(output_ids: list[int], engine_reason: str, stops: tuple[str, ...],
            decode: Callable[[list[int]], str], eos_ids: tuple[int, ...]) -> Finished:
-    """Apply stop strings (ids cut after the token that completes the first stop string,
-    text cut before it) and render the output text (a final EOS token is not shown)."""
+    """Render an output the engine ended (with `stop_rule(stop ids, stops)` where there are
+    any): text cut before the first stop string; a final EOS or stop id (in `eos_ids`) is
+    not shown."""
     ids = list(output_ids)
-    if stops:
-        full = decode(ids)
-        if any(s in full for s in stops):
-            lo, hi = 1, len(ids)  # smallest prefix whose text holds a stop string
-            while lo < hi:
-                mid = (lo + hi) // 2
-                if any(s in decode(ids[:mid]) for s in stops):
-                    hi = mid
-                else:
-                    lo = mid + 1
-            ids = ids[:lo]
-            text = decode(ids)
-            at, matched = min((text.find(s), s) for s in stops if s in text)
-            return Finished(ids, text[:at], {"type": "stop", "matched": matched})
-    if engine_reason == "eos":
+    text = decode(ids)
+    hits = [(text.find(s), s) for s in stops if s in text]
+    if hits:
+        at, matched = min(hits)
+        return Finished(ids, text[:at], {"type": "stop", "matched": matched})
+    if engine_reason in ("eos", "stop"):
         shown = ids[:-1] if ids and ids[-1] in eos_ids else ids
         return Finished(ids, decode(shown), {"type": "stop", "matched": ids[-1]})
-    return Finished(ids, decode(ids), {"type": "length", "length": len(ids)})
+    return Finished(ids, text, {"type": "length", "length": len(ids)})
 
 
 def logprob_start(start: int, n_input: int) -> int:

@@ -40,6 +40,7 @@ class Job:
     max_new_tokens: int
     ignore_eos: bool = False
     stops: tuple[str, ...] = ()
+    stop_ids: tuple[int, ...] = ()
     logprob_start: int | None = None  # None: no logprobs
     top_logprobs: int = 0
     logprob_text: bool = False
@@ -123,12 +124,14 @@ class BatchWorker:
 
     def _serve(self, jobs: list[Job]) -> list[P.Result]:
         self.batch_sizes.append(len(jobs))
+        decode = self.tokenizer.decode
         gens = self.engine.generate([j.prompt_ids for j in jobs], jobs[0].max_new_tokens,
-                                    jobs[0].ignore_eos)
+                                    jobs[0].ignore_eos,
+                                    [P.stop_rule(j.stop_ids, j.stops, decode) for j in jobs])
         results = []
         for j, g in zip(jobs, gens, strict=True):
-            fin = P.finish(g.output_ids, g.finish_reason, j.stops, self.tokenizer.decode,
-                           tuple(self.engine.eos_ids))
+            fin = P.finish(g.output_ids, g.finish_reason, j.stops, decode,
+                           tuple(self.engine.eos_ids) + j.stop_ids)
             res = P.Result(g.prompt_ids, fin, g.metrics)
             if j.logprob_start is not None:
                 lp = teacher_forced_logprobs(self.engine, g.prompt_ids + fin.output_ids)
@@ -146,16 +149,55 @@ def _no_text(token: int) -> None:
     return None
 
 
-def _validation_message(exc: RequestValidationError) -> str:
+def _sent(err: dict, body) -> tuple[str, object, str | None]:
+    """Where a validation error is in the body as the client sent it (`a.b[0].c`: pydantic's
+    union member names dropped), the value sent there, and the union member the error is
+    about (None if none)."""
+    where, cur, loc = "", body, err["loc"][1:]  # loc[0] is "body"
+    for i, x in enumerate(loc):
+        missing = err.get("type") == "missing" and i == len(loc) - 1
+        if isinstance(cur, dict) and isinstance(x, str) and (x in cur or missing):
+            where, cur = f"{where}.{x}" if where else x, cur.get(x)
+        elif isinstance(cur, list) and isinstance(x, int) and x < len(cur):
+            where, cur = f"{where}[{x}]", cur[x]
+        else:
+            return where, cur, str(x)
+    return where, cur, None
+
+
+def _validation_message(exc: RequestValidationError, content_type: str) -> str:
+    """One line for a body pydantic refused: the field as sent, what it should be, the
+    value sent."""
     errs = exc.errors()
     if not errs:
         return "invalid request body"
     e = errs[0]
     if e.get("type") == "json_invalid":
         return f"malformed JSON body: {e.get('ctx', {}).get('error', e.get('msg'))}"
-    loc = ".".join(str(x) for x in e.get("loc", ()) if x != "body") or "body"
-    more = f" (and {len(errs) - 1} more problem(s))" if len(errs) > 1 else ""
-    return f"{loc}: {e.get('msg')}{more}"
+    where, value, _ = _sent(e, exc.body)
+    if not where:
+        if not isinstance(exc.body, dict | list | str | int | float | bool | None):
+            return (f"the body must be JSON (got Content-Type {content_type or 'none'}): "
+                    "send it with Content-Type: application/json")
+        return f"the body must be a JSON object, got {_short(value)}"
+    sent = [_sent(x, exc.body) for x in errs]
+    here = [x for x, s in zip(errs, sent, strict=True) if s[0] == where]
+    members = list(dict.fromkeys(s[2].replace("dict[any,any]", "object")
+                                 for s in sent if s[0] == where and s[2]))
+    if e.get("type") == "missing":
+        what = " is required"
+    elif len(here) > 1 and len(members) > 1:
+        what = f": expected {' or '.join(members)}, got {_short(value)}"
+    else:
+        what = f": {e.get('msg', 'invalid value')}, got {_short(value)}"
+    others = len({s[0] for s in sent} - {where})
+    more = f" (and {others} more field(s) wrong)" if others else ""
+    return f"{where}{what}{more}"
+
+
+def _short(value: object) -> str:
+    s = json.dumps(value) if not isinstance(value, bytes) else repr(value)
+    return s if len(s) <= 60 else s[:57] + "..."
 
 
 def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
@@ -178,7 +220,8 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(P.error_body(_validation_message(exc)), status_code=400)
+        msg = _validation_message(exc, request.headers.get("content-type", ""))
+        return JSONResponse(P.error_body(msg), status_code=400)
 
     @app.exception_handler(SpecPilotError)
     async def _bad_request(request: Request, exc: SpecPilotError) -> JSONResponse:
@@ -196,9 +239,10 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
         return JSONResponse(P.error_body(msg, "server_error", 500), status_code=500)
 
     def job(ids: list[int], max_new: int, ignore_eos: bool, stops: tuple[str, ...],
-            label: str, **logprob) -> Job:
-        P.check_prompt(engine, ids, max_new, label)
-        return Job(list(ids), max_new, ignore_eos, stops, **logprob)
+            stop_ids: list[int] | None, label: str, name: str, **logprob) -> Job:
+        P.check_prompt(engine, ids, max_new, label, name)
+        stop_ids = () if ignore_eos else tuple(stop_ids or ())  # SGLang's rule
+        return Job(list(ids), max_new, ignore_eos, stops, stop_ids, **logprob)
 
     async def run(jobs: list[Job]) -> list[P.Result]:
         futures = [asyncio.wrap_future(worker.submit(j)) for j in jobs]
@@ -228,6 +272,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
         if req.stream:
             raise RequestError("stream is not supported on /generate: use /v1/completions")
         sp = req.sampling_params
+        sp.refuse_unsupported("sampling_params.")
         P.check_greedy(sp.temperature)
         vocab = engine.target.cfg.vocab_size
         if not 0 <= req.top_logprobs_num <= vocab:
@@ -243,18 +288,21 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
                       "top_logprobs": req.top_logprobs_num,
                       "logprob_text": req.return_text_in_logprobs}
             label = f"prompt {i}" if batched else ""
-            jobs.append(job(ids, sp.max_new_tokens, sp.ignore_eos, stops, label, **lp))
+            jobs.append(job(ids, sp.max_new_tokens, sp.ignore_eos, stops, sp.stop_token_ids,
+                            label, "sampling_params.max_new_tokens", **lp))
         out = [P.sglang_response(r) for r in await run(jobs)]
         return out if batched else out[0]
 
     @app.post("/v1/completions")
     async def completions(req: P.CompletionRequest):
+        req.refuse_unsupported()
         P.check_greedy(req.temperature, req.n)
         prompts = P.completion_prompts(req.prompt, tokenizer)
         max_new = req.max_tokens if req.max_tokens is not None else 16
         stops = P.stop_list(req.stop)
         label = len(prompts) > 1
-        jobs = [job(ids, max_new, req.ignore_eos, stops, f"prompt {i}" if label else "")
+        jobs = [job(ids, max_new, req.ignore_eos, stops, req.stop_token_ids,
+                    f"prompt {i}" if label else "", "max_tokens")
                 for i, ids in enumerate(prompts)]
         cid = f"cmpl-{uuid.uuid4().hex}"
         if req.stream:
@@ -271,6 +319,7 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
 
     @app.post("/v1/chat/completions")
     async def chat(req: P.ChatRequest):
+        req.refuse_unsupported()
         P.check_greedy(req.temperature, req.n)
         if not req.messages:
             raise RequestError("messages is empty: send at least one message")
@@ -281,8 +330,13 @@ def create_app(engine: Engine, tokenizer: Tokenizer, *, model_path: str = "",
             raise RequestError(f"the chat template rejected these messages: "
                                f"{type(e).__name__}: {e}") from None
         ids = tokenizer.encode(rendered)
-        max_new = req.max_completion_tokens or req.max_tokens or default_max_tokens
-        jobs = [job(ids, max_new, req.ignore_eos, P.stop_list(req.stop), "")]
+        if req.max_completion_tokens is not None:
+            name, max_new = "max_completion_tokens", req.max_completion_tokens
+        else:
+            name = "max_tokens"
+            max_new = req.max_tokens if req.max_tokens is not None else default_max_tokens
+        jobs = [job(ids, max_new, req.ignore_eos, P.stop_list(req.stop), req.stop_token_ids,
+                    "", name)]
         cid = f"chatcmpl-{uuid.uuid4().hex}"
         if req.stream:
             return _sse(run(jobs), lambda rs: P.chat_chunks(cid, model_name, rs[0], tokenizer))
